@@ -1,0 +1,34 @@
+"""Names shared by the code location, the coordinator and the CLI: tag keys, env vars, defaults."""
+
+# Run tags. The coordinator writes them at submission; the build reads them back from the run.
+ROCM_NODE_TAG = "rocm/node"
+ROCM_MAX_JOBS_TAG = "rocm/max_jobs"
+ROCM_EST_START_TAG = "rocm/est_start"
+ROCM_EST_FINISH_TAG = "rocm/est_finish"
+ROCM_BUILD_TAG = "rocm/build"
+
+# Environment variables the farm reads.
+BAKE_FILE_ENV = "ROCM_BAKE_FILE"
+FLEET_FILE_ENV = "ROCM_FLEET_FILE"
+REGISTRY_URL_ENV = "ROCM_REGISTRY_URL"
+REGISTRY_USERNAME_ENV = "ROCM_REGISTRY_USERNAME"
+REGISTRY_PASSWORD_ENV = "ROCM_REGISTRY_PASSWORD"
+REGISTRY_CA_ENV = "ROCM_REGISTRY_CA"
+# Extra known_hosts file for fleet probes, read on top of the system and user ones.
+SSH_KNOWN_HOSTS_ENV = "ROCM_SSH_KNOWN_HOSTS"
+
+DEFAULT_BAKE_FILE = "rocm-bake.hcl"
+DEFAULT_FLEET_FILE = "fleet.yaml"
+
+# Names the bake file and the code agree on: the arch list, the arch variable, the mode switch.
+ARCH_LIST_ATTR = "GPU_ARCHES"
+ARCH_VAR = "GPU_ARCH"
+TEST_TARGETS_ATTR = "TEST_TARGETS"
+WHEELS_GROUP = "wheels"
+PUBLISHED_INPUTS_VAR = "PUBLISHED_INPUTS"
+RUN_ID_VAR = "RUN_ID"
+REGISTRY_VAR = "REGISTRY"
+
+# The history-name prefix: this repository's name, so the sibling project's builds stay apart.
+BUILD_NAME_PREFIX = "rocm-pytorch-build"
+NOARCH = "noarch"
