@@ -174,7 +174,9 @@ variable "PUBLISHED_INPUTS" {
 
 
 def test_unknown_target_context(tmp_path: Path) -> None:
-    path = write(tmp_path, GRAPH_HEAD + 'target "a" {\n  contexts = { base = "target:nothere" }\n}\n')
+    path = write(
+        tmp_path, GRAPH_HEAD + 'target "a" {\n  contexts = { base = "target:nothere" }\n}\n'
+    )
     with pytest.raises(BakeError) as info:
         load_graph(path)
     assert str(info.value) == (
@@ -248,16 +250,25 @@ def test_shipped_published_mode_has_no_target_contexts(shipped) -> None:
 
 def test_shipped_variables(shipped) -> None:
     default = shipped.resolve(None).values
-    assert default["RUN_ID"] == "dev" and default["MAX_JOBS"] == "" and default["CACHE_TAG_SUFFIX"] == ""
+    assert (
+        default["RUN_ID"] == "dev"
+        and default["MAX_JOBS"] == ""
+        and default["CACHE_TAG_SUFFIX"] == ""
+    )
     assert default["PUBLISHED_INPUTS"] is False
     assert any(name.startswith("SDE_") for name in default)
     args = shipped.resolve("gfx942").targets["vllm"].args
-    assert args["MAX_JOBS"] == "" and args["BUILDKIT_BUILD_NAME"] == "rocm-pytorch-build/vllm/gfx942/dev"
+    assert (
+        args["MAX_JOBS"] == ""
+        and args["BUILDKIT_BUILD_NAME"] == "rocm-pytorch-build/vllm/gfx942/dev"
+    )
 
 
 def test_registry_from_env() -> None:
     graph = load_graph(SHIPPED, {"REGISTRY": "127.0.0.1:5999"})
-    assert graph.tags("pytorch", "gfx950") == ("127.0.0.1:5999/rocm-pytorch/pytorch:2.15.0-10.1.0-full-gfx950",)
+    assert graph.tags("pytorch", "gfx950") == (
+        "127.0.0.1:5999/rocm-pytorch/pytorch:2.15.0-10.1.0-full-gfx950",
+    )
 
 
 def test_published_inputs_name_producers(shipped) -> None:
@@ -270,7 +281,9 @@ def test_published_inputs_name_producers(shipped) -> None:
 
 
 def test_appended_target_joins_the_graph(tmp_path: Path) -> None:
-    text = SHIPPED.read_text() + """
+    text = (
+        SHIPPED.read_text()
+        + """
 target "extra-wheel" {
   inherits = ["_common"]
   dockerfile = "docker/extra-wheel.Dockerfile"
@@ -282,6 +295,7 @@ target "extra-wheel" {
   tags = [img("extra-wheel", TORCH_TAG)]
 }
 """
+    )
     graph = load_graph(write(tmp_path, text), {})
     assert graph.deps["extra-wheel"] == ("nixl-wheel", "vllm")
     assert "extra-wheel" in graph.per_arch
@@ -298,19 +312,27 @@ def test_check_passes_on_shipped(shipped) -> None:
 
 def test_check_names_a_drifted_pub_reference(tmp_path: Path) -> None:
     text = SHIPPED.read_text().replace(
-        'PUB_PYTORCH = img("pytorch", TORCH_TAG)', 'PUB_PYTORCH = img("pytorch", "${SDE_PYTORCH_VERSION}-${GPU_ARCH}")'
+        'PUB_PYTORCH = img("pytorch", TORCH_TAG)',
+        'PUB_PYTORCH = img("pytorch", "${SDE_PYTORCH_VERSION}-${GPU_ARCH}")',
     )
     problems = check_drift(load_graph(write(tmp_path, text), {}))
     assert problems
     first = problems[0]
     assert first.startswith("gfx942: PUB_PYTORCH (target 'pytorch-wheel' arg PYTORCH_IMAGE) = ")
     assert "'zot.snoc.lan:5000/rocm-pytorch/pytorch:2.15.0-gfx942'" in first
-    assert "'pytorch' is tagged 'zot.snoc.lan:5000/rocm-pytorch/pytorch:2.15.0-10.1.0-full-gfx942'" in first
+    assert (
+        "'pytorch' is tagged 'zot.snoc.lan:5000/rocm-pytorch/pytorch:2.15.0-10.1.0-full-gfx942'"
+        in first
+    )
     # the docker-image:// context built from it now matches no tag, and is named too
     assert any("context 'pytorch' = docker-image://" in p for p in problems)
 
 
 def test_check_names_a_missing_group_member(tmp_path: Path) -> None:
-    text = SHIPPED.read_text().replace('"cupy-wheel", "vllm-wheel", "lmcache-wheel",', '"cupy-wheel", "vllm-wheel", "lmcache-whl",')
-    with pytest.raises(BakeError, match=r"no target or group named 'lmcache-whl' \(in group 'wheels'\)"):
+    text = SHIPPED.read_text().replace(
+        '"cupy-wheel", "vllm-wheel", "lmcache-wheel",', '"cupy-wheel", "vllm-wheel", "lmcache-whl",'
+    )
+    with pytest.raises(
+        BakeError, match=r"no target or group named 'lmcache-whl' \(in group 'wheels'\)"
+    ):
         load_graph(write(tmp_path, text), {})

@@ -195,7 +195,9 @@ def _substr(s: Value, offset: Value, length: Value) -> str:
 
 def _range(*args: Value) -> list:
     nums = [to_number(a) for a in args]
-    start, stop, step = (0, nums[0], 1) if len(nums) == 1 else (*nums[:2], nums[2] if len(nums) > 2 else 1)
+    start, stop, step = (
+        (0, nums[0], 1) if len(nums) == 1 else (*nums[:2], nums[2] if len(nums) > 2 else 1)
+    )
     out = []
     value = start
     while (step > 0 and value < stop) or (step < 0 and value > stop):
@@ -235,7 +237,9 @@ FUNCTIONS: dict[str, Callable[..., Value]] = {
     "homedir": _homedir,
     "index": _index,
     "indexof": _index,
-    "join": lambda sep, *ls: to_string(sep).join(to_string(x) for lst in ls for x in _list(lst, "join")),
+    "join": lambda sep, *ls: to_string(sep).join(
+        to_string(x) for lst in ls for x in _list(lst, "join")
+    ),
     "jsondecode": lambda s: json.loads(to_string(s)),
     "jsonencode": lambda v: json.dumps(v, separators=(",", ":")),
     "keys": lambda obj: sorted(_dict(obj, "keys")),
@@ -256,7 +260,9 @@ FUNCTIONS: dict[str, Callable[..., Value]] = {
     "parseint": lambda s, base: int(to_string(s), int(to_number(base))),
     "pow": lambda a, b: _normal(to_number(a) ** to_number(b)),
     "range": _range,
-    "regex_replace": lambda s, pat, repl: re.sub(to_string(pat), _go_repl(to_string(repl)), to_string(s)),
+    "regex_replace": lambda s, pat, repl: re.sub(
+        to_string(pat), _go_repl(to_string(repl)), to_string(s)
+    ),
     "replace": _replace,
     "reverse": lambda v: list(reversed(v)) if isinstance(v, list) else to_string(v)[::-1],
     "reverselist": lambda lst: list(reversed(_list(lst, "reverselist"))),
@@ -276,5 +282,7 @@ FUNCTIONS: dict[str, Callable[..., Value]] = {
     "trimsuffix": lambda s, p: to_string(s).removesuffix(to_string(p)),
     "upper": lambda s: to_string(s).upper(),
     "values": lambda obj: [v for _, v in sorted(_dict(obj, "values").items())],
-    "zipmap": lambda ks, vs: dict(zip((to_string(k) for k in _list(ks, "zipmap")), _list(vs, "zipmap"), strict=True)),
+    "zipmap": lambda ks, vs: dict(
+        zip((to_string(k) for k in _list(ks, "zipmap")), _list(vs, "zipmap"), strict=True)
+    ),
 }

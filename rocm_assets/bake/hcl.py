@@ -45,9 +45,21 @@ _TRUE = frozenset({"1", "t", "T", "TRUE", "true", "True"})
 _FALSE = frozenset({"0", "f", "F", "FALSE", "false", "False"})
 _ESCAPES = {"n": "\n", "t": "\t", "r": "\r", '"': '"', "\\": "\\"}
 _TOKEN_NAMES = {
-    "RBRACE": "'}'", "LBRACE": "'{'", "RSQB": "']'", "LSQB": "'['", "RPAR": "')'", "LPAR": "'('",
-    "EQ": "'='", "COMMA": "','", "DBLQUOTE": "'\"'", "NAME": "a name", "NL_OR_COMMENT": "a newline",
-    "COLON": "':'", "QMARK": "'?'", "INT_LITERAL": "a number", "$END": "end of file",
+    "RBRACE": "'}'",
+    "LBRACE": "'{'",
+    "RSQB": "']'",
+    "LSQB": "'['",
+    "RPAR": "')'",
+    "LPAR": "'('",
+    "EQ": "'='",
+    "COMMA": "','",
+    "DBLQUOTE": "'\"'",
+    "NAME": "a name",
+    "NL_OR_COMMENT": "a newline",
+    "COLON": "':'",
+    "QMARK": "'?'",
+    "INT_LITERAL": "a number",
+    "$END": "end of file",
 }
 
 
@@ -84,7 +96,11 @@ def parse(text: str, path: Path) -> B.StartRule:
         expected = sorted(getattr(exc, "expected", None) or getattr(exc, "allowed", None) or ())
         names = [_TOKEN_NAMES.get(t, t.lower()) for t in expected if t != "NL_OR_COMMENT"][:6]
         token = getattr(exc, "token", None)
-        got = "end of file" if token is not None and token.type == "$END" else repr(str(token or "")[:20])
+        got = (
+            "end of file"
+            if token is not None and token.type == "$END"
+            else repr(str(token or "")[:20])
+        )
         hint = f"; expected {', '.join(names)}" if names else ""
         raise BakeError(
             f"syntax error at column {exc.column}: unexpected {got}{hint}", path=path, line=exc.line
@@ -212,7 +228,9 @@ class Evaluation:
         declared = self._declared_type(type_rule) if type_rule else None
         if block.name in self.env:
             raw = self.env[block.name]
-            kind = declared or (type_name(default) if default_rule and default is not None else "string")
+            kind = declared or (
+                type_name(default) if default_rule and default is not None else "string"
+            )
             return self._typed(block, raw, kind)
         if default_rule is None:
             return None if declared else ""
@@ -235,13 +253,16 @@ class Evaluation:
             try:
                 return to_number(raw)
             except ValueError:
-                raise self.error(f"failed to parse {block.name} as number: {raw!r}", line=block.line) from None
+                raise self.error(
+                    f"failed to parse {block.name} as number: {raw!r}", line=block.line
+                ) from None
         if kind in ("list", "set", "tuple"):
             return [item for item in raw.split(",") if item] if raw else []
         if kind in ("string", "any"):
             return raw
         raise self.error(
-            f"variable {block.name}: an env override of a {kind} needs an explicit type", line=block.line
+            f"variable {block.name}: an env override of a {kind} needs an explicit type",
+            line=block.line,
         )
 
     def validate(self) -> None:
@@ -250,13 +271,21 @@ class Evaluation:
             for rule in block.blocks:
                 if _label(rule.labels[0]) != "validation":
                     continue
-                attrs = {c.identifier.serialize(): c for c in rule.body.children if isinstance(c, B.AttributeRule)}
+                attrs = {
+                    c.identifier.serialize(): c
+                    for c in rule.body.children
+                    if isinstance(c, B.AttributeRule)
+                }
                 condition = attrs.get("condition")
                 if condition is None:
                     raise self.error(f"variable {block.name}: validation has no condition", rule)
                 if not self.truth(self.expr(condition.expression, {}), condition):
                     message = attrs.get("error_message")
-                    text = to_string(self.expr(message.expression, {})) if message else "validation failed"
+                    text = (
+                        to_string(self.expr(message.expression, {}))
+                        if message
+                        else "validation failed"
+                    )
                     raise self.error(f"variable {block.name}: {text}", condition)
 
     # ---- targets and groups ----
@@ -322,7 +351,11 @@ class Evaluation:
         if isinstance(rule, E.ExprTermRule):
             return self.expr(rule.expression, scope)
         if isinstance(rule, E.ConditionalRule):
-            branch = rule.if_true if self.truth(self.expr(rule.condition, scope), rule) else rule.if_false
+            branch = (
+                rule.if_true
+                if self.truth(self.expr(rule.condition, scope), rule)
+                else rule.if_false
+            )
             return self.expr(branch, scope)
         if isinstance(rule, E.BinaryOpRule):
             return self._binary(rule, scope)
@@ -348,7 +381,9 @@ class Evaluation:
         if isinstance(rule, FN.FunctionCallRule):
             return self._call(rule, scope)
         if isinstance(rule, IX.GetAttrExprTermRule):
-            return self._getattr(self.expr(rule.expr_term, scope), rule.get_attr.identifier.serialize(), rule)
+            return self._getattr(
+                self.expr(rule.expr_term, scope), rule.get_attr.identifier.serialize(), rule
+            )
         if isinstance(rule, IX.IndexExprTermRule):
             target, index = rule.children
             return self._index(self.expr(target, scope), index, scope, rule)
@@ -365,8 +400,15 @@ class Evaluation:
             raise self.error(str(exc), rule) from None
 
     _ARITH: dict[str, Callable[[Any, Any], Any]] = {  # noqa: RUF012
-        "+": operator.add, "-": operator.sub, "*": operator.mul, "/": operator.truediv, "%": operator.mod,
-        "<": operator.lt, ">": operator.gt, "<=": operator.le, ">=": operator.ge,
+        "+": operator.add,
+        "-": operator.sub,
+        "*": operator.mul,
+        "/": operator.truediv,
+        "%": operator.mod,
+        "<": operator.lt,
+        ">": operator.gt,
+        "<=": operator.le,
+        ">=": operator.ge,
     }
 
     def _binary(self, rule: E.BinaryOpRule, scope: Mapping[str, Value]) -> Value:
@@ -388,7 +430,11 @@ class Evaluation:
             result = self._ARITH[op](self._num(left, rule), self._num(right, rule))
         except ZeroDivisionError:
             raise self.error("division by zero", rule) from None
-        return int(result) if isinstance(result, float) and result.is_integer() and op != "/" else result
+        return (
+            int(result)
+            if isinstance(result, float) and result.is_integer() and op != "/"
+            else result
+        )
 
     def _identifier(self, name: str, rule: Any, scope: Mapping[str, Value]) -> Value:
         if name in scope:
@@ -412,7 +458,11 @@ class Evaluation:
         if isinstance(index_rule, IX.SqbIndexRule):
             key = self.expr(index_rule.index_expression, scope)
         else:
-            key = index_rule.index.serialize() if hasattr(index_rule.index, "serialize") else index_rule.index
+            key = (
+                index_rule.index.serialize()
+                if hasattr(index_rule.index, "serialize")
+                else index_rule.index
+            )
         if isinstance(base, list):
             i = int(self._num(key, rule))
             if not 0 <= i < len(base):
@@ -451,7 +501,9 @@ class Evaluation:
         object_out: dict[str, Value] = {}
         for key, item in pairs:
             local = {**scope, **({first: key, second: item} if second else {first: item})}
-            if rule.condition is not None and not self.truth(self.expr(rule.condition.condition_expr, local), rule):
+            if rule.condition is not None and not self.truth(
+                self.expr(rule.condition.condition_expr, local), rule
+            ):
                 continue
             if isinstance(rule, FE.ForTupleExprRule):
                 tuple_out.append(self.expr(rule.value_expr, local))
@@ -512,7 +564,9 @@ class Evaluation:
         params = self._param_names(block, "params")
         variadic = self._param_names(block, "variadic_params")
         if len(args) < len(params) or (len(args) > len(params) and not variadic):
-            raise self.error(f"function {block.name!r} takes {len(params)} arguments, got {len(args)}", rule)
+            raise self.error(
+                f"function {block.name!r} takes {len(params)} arguments, got {len(args)}", rule
+            )
         local = dict(zip(params, args, strict=False))
         if variadic:
             local[variadic[0]] = args[len(params) :]
@@ -564,7 +618,11 @@ class Evaluation:
             return "".join(self._part(p, scope) for p in chosen)
         start = children[0]
         collection = self.expr(start.collection, scope)
-        items = list(collection.items()) if isinstance(collection, dict) else list(enumerate(collection))
+        items = (
+            list(collection.items())
+            if isinstance(collection, dict)
+            else list(enumerate(collection))
+        )
         body = [c for c in children[1:] if not isinstance(c, D.TemplateEndforRule)]
         value_name = start.iterator.serialize()
         key_name = start.key_iterator.serialize() if start.key_iterator else None
@@ -613,4 +671,3 @@ def _unescape(text: str) -> str:
         else:
             out.append(ch)
     return "".join(out)
-

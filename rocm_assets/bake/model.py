@@ -59,13 +59,19 @@ class Target:
     def target_links(self) -> dict[str, str]:
         """Named contexts that link another bake target: context name -> target name."""
         return {
-            k: v.removeprefix(TARGET_PREFIX) for k, v in self.contexts.items() if v.startswith(TARGET_PREFIX)
+            k: v.removeprefix(TARGET_PREFIX)
+            for k, v in self.contexts.items()
+            if v.startswith(TARGET_PREFIX)
         }
 
     @property
     def image_contexts(self) -> dict[str, str]:
         """Named contexts resolved from a registry: context name -> image reference."""
-        return {k: v.removeprefix(IMAGE_PREFIX) for k, v in self.contexts.items() if v.startswith(IMAGE_PREFIX)}
+        return {
+            k: v.removeprefix(IMAGE_PREFIX)
+            for k, v in self.contexts.items()
+            if v.startswith(IMAGE_PREFIX)
+        }
 
 
 @dataclass(frozen=True)
@@ -149,12 +155,16 @@ class BakeGraph:
     def __init__(self, bake: BakeFile, env: Mapping[str, str] | None = None):
         self.bake = bake
         self.path = bake.path
-        self.base_env = {k: v for k, v in (env or {}).items() if k not in (ARCH_VAR, PUBLISHED_INPUTS_VAR)}
+        self.base_env = {
+            k: v for k, v in (env or {}).items() if k not in (ARCH_VAR, PUBLISHED_INPUTS_VAR)
+        }
         self._cache: dict[tuple[str, bool], ResolvedBake] = {}
         first = self.resolve(None)
         raw = first.values.get(ARCH_LIST_ATTR)
         if not isinstance(raw, list) or not raw or not all(isinstance(a, str) and a for a in raw):
-            raise BakeError(f"{ARCH_LIST_ATTR} must be a non-empty list of GPU arch names", path=self.path)
+            raise BakeError(
+                f"{ARCH_LIST_ATTR} must be a non-empty list of GPU arch names", path=self.path
+            )
         self.arches: tuple[str, ...] = tuple(dict.fromkeys(raw))
         self.targets: tuple[str, ...] = ()
         names = [n for n in first.targets if not n.startswith("_")]
@@ -307,7 +317,9 @@ class BakeGraph:
         for context, producer in linked.target_links.items():
             for arg, value in linked.args.items():
                 if value == context and arg in published.args and published.args[arg] != context:
-                    found[published.args[arg]] = PublishedInput(published.args[arg], producer, f"arg {arg}")
+                    found[published.args[arg]] = PublishedInput(
+                        published.args[arg], producer, f"arg {arg}"
+                    )
         for context, ref in published.image_contexts.items():
             owner = pub.tag_owner(ref)
             if owner and owner != target:
