@@ -1,0 +1,97 @@
+"""`rocm-assets graph` and `check`, run as the installed console script (a real subprocess)."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from rocm_assets_tests.conftest import PROJECT_ROOT
+from rocm_assets_tests.test_bake import SEED_EDGES, SEED_GROUPS
+
+SHIPPED = PROJECT_ROOT / "rocm-bake.hcl"
+
+
+def run(
+    *args: str, cwd: Path = PROJECT_ROOT, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "rocm_assets.cli", *args],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        env=env,
+        check=False,
+    )
+
+
+def test_graph_json_is_the_seeds() -> None:
+    out = run("graph", "--json")
+    assert out.returncode == 0, out.stderr
+    data = json.loads(out.stdout)
+    assert set(data) == {"arches", "targets", "groups"}
+    assert len(data["targets"]) == 16
+    edges = {(d, n) for n, t in data["targets"].items() for d in t["deps"]}
+    assert edges == SEED_EDGES
+    assert {g: set(m) for g, m in data["groups"].items()} == SEED_GROUPS
+    vllm = data["targets"]["vllm-wheel"]
+    assert (
+        vllm["deps"] == ["vllm"]
+        and vllm["arch"] is True
+        and vllm["groups"] == ["default", "wheels", "serving"]
+    )
+    assert vllm["tags"] == ["zot.snoc.lan:5000/rocm-pytorch/vllm-wheel:2.15.0-10.1.0-full-gfx942"]
+    assert vllm["dockerfile"] == "docker/vllm-wheel.Dockerfile"
+    assert data["targets"]["triton-wheel"]["arch"] is False
+
+
+def test_graph_arch_and_bake_file_from_env(tmp_path: Path) -> None:
+    copy = tmp_path / "copy.hcl"
+    copy.write_text(SHIPPED.read_text())
+    env = {"PATH": "/usr/bin:/bin", "ROCM_BAKE_FILE": str(copy), "HOME": str(tmp_path)}
+    out = run("graph", "--json", "--arch", "gfx1250", cwd=tmp_path, env=env)
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout)["targets"]["pytorch"]["tags"][0].endswith("-gfx1250")
+
+
+def test_unknown_arch_is_one_line_exit_2() -> None:
+    out = run("graph", "--arch", "gfx9000")
+    assert out.returncode == 2
+    assert (
+        out.stderr
+        == "rocm-assets: error: unknown arch 'gfx9000': the bake file builds gfx942, gfx950, gfx1100, gfx1201, gfx1250\n"
+    )
+
+
+def test_bad_file_is_one_line_exit_2(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.hcl"
+    bad.write_text('GPU_ARCHES = ["gfx942"]\ntarget "a" {\n  tags = [frob()]\n}\n')
+    out = run("graph", "--bake-file", str(bad))
+    assert out.returncode == 2
+    assert out.stderr == f"rocm-assets: error: {bad}:3: unknown function 'frob'\n"
+    missing = run("check", "--bake-file", str(tmp_path / "nope.hcl"))
+    assert (
+        missing.returncode == 2
+        and missing.stderr.count("\n") == 1
+        and "bake file not found" in missing.stderr
+    )
+
+
+def test_check_passes_then_fails_on_drift(tmp_path: Path) -> None:
+    ok = run("check")
+    assert ok.returncode == 0, ok.stderr
+    assert "ok: 16 targets, 27 edges, 3 groups" in ok.stdout
+    drifted = tmp_path / "drifted.hcl"
+    drifted.write_text(
+        SHIPPED.read_text().replace(
+            'PUB_BASE    = img("pytorch-base", ROCM_TAG)',
+            'PUB_BASE    = img("pytorch-base", SDE_ROCM_VERSION)',
+        )
+    )
+    out = run("check", "--bake-file", str(drifted))
+    assert out.returncode == 1
+    lines = out.stderr.splitlines()
+    assert lines[0] == (
+        f"{drifted}: gfx942: PUB_BASE (target 'triton-wheel' arg BASE_IMAGE) = "
+        "'zot.snoc.lan:5000/rocm-pytorch/pytorch-base:10.1.0' but 'pytorch-base' is tagged "
+        "'zot.snoc.lan:5000/rocm-pytorch/pytorch-base:10.1.0-full-gfx942'"
+    )
