@@ -1,12 +1,12 @@
 """One asset per bake target, generated from the bake graph: no target or edge is named here."""
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 import dagster as dg
 from dagster._core.definitions.unresolved_asset_job_definition import UnresolvedAssetJobDefinition
 
 from rocm_assets.bake import BakeGraph
-from rocm_assets.constants import WHEELS_GROUP
+from rocm_assets.constants import FANOUT_PARENT, ROCM_FANOUT_OF_TAG, ROCM_FANOUT_TAG, WHEELS_GROUP
 from rocm_assets.resources.bake import BakeResource
 
 ASSET_GROUP = "rocm"
@@ -75,12 +75,22 @@ def build_asset_specs(graph: BakeGraph) -> list[dg.AssetSpec]:
     return specs
 
 
-def _materializer(
-    target: str,
-) -> Callable[[dg.AssetExecutionContext, BakeResource], dg.MaterializeResult]:
+def _materializer(target: str) -> Callable[..., Iterator[dg.MaterializeResult]]:
     # A function per target, so each asset bakes its own target (no loop-variable capture).
-    def materialize(context: dg.AssetExecutionContext, bake: BakeResource) -> dg.MaterializeResult:
-        return bake.materialize(context, target)
+    def materialize(
+        context: dg.AssetExecutionContext, bake: BakeResource
+    ) -> Iterator[dg.MaterializeResult]:
+        if context.run.tags.get(ROCM_FANOUT_TAG) == FANOUT_PARENT:
+            # The coordinator split this request into one placed run per build; this run only
+            # records the request, so it yields nothing and its downstream steps are skipped.
+            context.log.info(
+                "fanned out: %s builds in runs tagged %s=%s",
+                target,
+                ROCM_FANOUT_OF_TAG,
+                context.run_id,
+            )
+            return
+        yield bake.materialize(context, target)
 
     return materialize
 
@@ -97,6 +107,7 @@ def build_bake_assets(graph: BakeGraph) -> list[dg.AssetsDefinition]:
             tags=spec.tags,
             description=spec.description,
             metadata=spec.metadata,
+            output_required=False,
         )(_materializer(spec.key.to_user_string()))
         for spec in build_asset_specs(graph)
     ]

@@ -6,6 +6,15 @@ ROCM_MAX_JOBS_TAG = "rocm/max_jobs"
 ROCM_EST_START_TAG = "rocm/est_start"
 ROCM_EST_FINISH_TAG = "rocm/est_finish"
 ROCM_BUILD_TAG = "rocm/build"
+# A waiting build run has placement=waiting until the coordinator picks its node at dequeue time.
+ROCM_PLACEMENT_TAG = "rocm/placement"
+PLACEMENT_WAITING = "waiting"
+PLACEMENT_PLACED = "placed"
+ROCM_WAITING_FOR_TAG = "rocm/waiting_for"
+# A request covering several builds becomes one run per build; the request's run is the parent.
+ROCM_FANOUT_TAG = "rocm/fanout"
+FANOUT_PARENT = "parent"
+ROCM_FANOUT_OF_TAG = "rocm/fanout_of"
 
 # Environment variables the farm reads.
 BAKE_FILE_ENV = "ROCM_BAKE_FILE"
