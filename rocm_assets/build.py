@@ -66,6 +66,7 @@ class BakeInvocation:
     metadata_file: Path
     argv: tuple[str, ...]
     env: Mapping[str, str] = field(repr=False)
+    cwd: Path = Path()
 
     def command(self) -> str:
         """A copyable command line: the farm's env settings, then the argv, shell-quoted."""
@@ -223,6 +224,8 @@ def run_bake(
         proc = subprocess.Popen(
             list(inv.argv),
             env=dict(inv.env),
+            # Bake resolves `context` paths against the working directory, not the file.
+            cwd=inv.cwd,
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
