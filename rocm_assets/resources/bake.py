@@ -11,7 +11,12 @@ import dagster as dg
 from rocm_assets import placement
 from rocm_assets.bake import BakeGraph, load_graph
 from rocm_assets.build import BuildError, bake_invocation, metadata_summary, run_bake
-from rocm_assets.constants import ROCM_MAX_JOBS_TAG, ROCM_NODE_TAG
+from rocm_assets.constants import (
+    PLACEMENT_WAITING,
+    ROCM_MAX_JOBS_TAG,
+    ROCM_NODE_TAG,
+    ROCM_PLACEMENT_TAG,
+)
 from rocm_assets.fleet import Fleet, Node, load_fleet, probe_node
 from rocm_assets.settings import bake_file_path
 
@@ -51,7 +56,7 @@ class BakeResource(dg.ConfigurableResource):
         the coordinator and other in-process runs read.
         """
         tags = context.run.tags
-        if ROCM_NODE_TAG in tags:
+        if tags.get(ROCM_NODE_TAG) and tags.get(ROCM_PLACEMENT_TAG) != PLACEMENT_WAITING:
             node = fleet.node(tags[ROCM_NODE_TAG])
             jobs = tags.get(ROCM_MAX_JOBS_TAG)
             return node, int(jobs) if jobs and jobs.isdigit() else placement.max_jobs(
@@ -94,7 +99,7 @@ class BakeResource(dg.ConfigurableResource):
         return {
             r.dagster_run.tags[ROCM_NODE_TAG]
             for r in records
-            if r.dagster_run.run_id != run_id and ROCM_NODE_TAG in r.dagster_run.tags
+            if r.dagster_run.run_id != run_id and r.dagster_run.tags.get(ROCM_NODE_TAG)
         }
 
     @staticmethod

@@ -1,0 +1,338 @@
+"""PlacementRunCoordinator on a real Dagster instance (SQLite), driven by the real dequeue daemon.
+
+Real parts: `instance_for_test` storage, `QueuedRunCoordinatorDaemon.run_iteration`, the shipped
+rocm-bake.hcl, and for the fan-out test a real code location served over gRPC. The launcher is
+Dagster's MockedRunLauncher: it records launches; the test finishes runs by reporting events.
+"""
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import dagster as dg
+import pytest
+from dagster._core.errors import DagsterInvalidConfigError
+from dagster._core.events import DagsterEvent, DagsterEventType
+from dagster._core.remote_origin import (
+    RegisteredCodeLocationOrigin,
+    RemoteJobOrigin,
+    RemoteRepositoryOrigin,
+)
+from dagster._core.run_coordinator import SubmitRunContext
+from dagster._core.test_utils import (
+    create_run_for_test,
+    create_test_daemon_workspace_context,
+    instance_for_test,
+)
+from dagster._core.workspace.load_target import EmptyWorkspaceTarget, ModuleTarget
+from dagster._daemon.run_coordinator.queued_run_coordinator_daemon import QueuedRunCoordinatorDaemon
+
+from rocm_assets.bake import load_graph
+from rocm_assets.constants import (
+    FANOUT_PARENT,
+    PLACEMENT_PLACED,
+    PLACEMENT_WAITING,
+    ROCM_BUILD_TAG,
+    ROCM_EST_FINISH_TAG,
+    ROCM_FANOUT_OF_TAG,
+    ROCM_FANOUT_TAG,
+    ROCM_MAX_JOBS_TAG,
+    ROCM_NODE_TAG,
+    ROCM_PLACEMENT_TAG,
+    ROCM_WAITING_FOR_TAG,
+)
+from rocm_assets.coordinator import build_deps, parse_build
+from rocm_assets_tests.conftest import PROJECT_ROOT
+
+BAKE = PROJECT_ROOT / "rocm-bake.hcl"
+FLEET = """
+nodes:
+  - {name: big, builder: big, cores: 32, mem_gb: 122, link_mbps: 1000}
+  - {name: small, builder: small, cores: 16, mem_gb: 15, link_mbps: 40}
+  - {name: mid, builder: mid, cores: 24, mem_gb: 64, link_mbps: 500}
+target_costs:
+  reference: {cores: 32, mem_gb: 122}
+  pytorch: {seconds: 7200, size_gb: 6.0}
+  rocm-runtime: {seconds: 600, size_gb: 10.0}
+  pytorch-base: {seconds: 900, size_gb: 2.0}
+"""
+ORIGIN = RemoteJobOrigin(
+    RemoteRepositoryOrigin(RegisteredCodeLocationOrigin("rocm_assets"), "__repository__"),
+    "__ASSET_JOB",
+)
+HOLDING = (dg.DagsterRunStatus.STARTING, dg.DagsterRunStatus.STARTED)
+
+
+@pytest.fixture
+def fleet_file(tmp_path: Path) -> Path:
+    path = tmp_path / "fleet.yaml"
+    path.write_text(FLEET)
+    return path
+
+
+def coordinator_config(fleet_file: Path, **extra: object) -> dict:
+    return {
+        "run_coordinator": {
+            "module": "rocm_assets.coordinator",
+            "class": "PlacementRunCoordinator",
+            "config": {
+                "bake_file": str(BAKE),
+                "fleet_file": str(fleet_file),
+                "probe_nodes": False,
+                **extra,
+            },
+        },
+        "run_launcher": {"module": "dagster._core.test_utils", "class": "MockedRunLauncher"},
+    }
+
+
+@pytest.fixture
+def instance(fleet_file: Path) -> Iterator[dg.DagsterInstance]:
+    with instance_for_test(overrides=coordinator_config(fleet_file)) as instance:
+        yield instance
+
+
+def submit(
+    instance: dg.DagsterInstance, target: str, arch: str | None, **kwargs: object
+) -> dg.DagsterRun:
+    tags = {"dagster/partition": arch} if arch else {}
+    tags.update(kwargs.pop("tags", {}))  # type: ignore[arg-type]
+    run = create_run_for_test(
+        instance,
+        job_name="__ASSET_JOB",
+        status=dg.DagsterRunStatus.NOT_STARTED,
+        remote_job_origin=ORIGIN,
+        asset_selection=frozenset({dg.AssetKey(target)}),
+        tags=tags,
+        **kwargs,
+    )
+    return instance.run_coordinator.submit_run(SubmitRunContext(run, workspace=None))
+
+
+def iterate(instance: dg.DagsterInstance) -> None:
+    with create_test_daemon_workspace_context(EmptyWorkspaceTarget(), instance) as context:
+        list(QueuedRunCoordinatorDaemon(interval_seconds=1).run_iteration(context))
+
+
+def finish(instance: dg.DagsterInstance, run: dg.DagsterRun) -> None:
+    instance.report_dagster_event(
+        DagsterEvent(DagsterEventType.RUN_SUCCESS.value, job_name=run.job_name, message="done"),
+        run_id=run.run_id,
+    )
+
+
+def runs_in(instance: dg.DagsterInstance, *statuses: dg.DagsterRunStatus) -> list[dg.DagsterRun]:
+    return list(instance.get_runs(dg.RunsFilter(statuses=list(statuses))))
+
+
+# ##### CONFIG
+
+
+def test_config_is_validated(fleet_file: Path) -> None:
+    with pytest.raises(DagsterInvalidConfigError, match="not in enum type PlacementStrategy"):
+        with instance_for_test(
+            overrides=coordinator_config(fleet_file, strategy="fastest")
+        ) as instance:
+            assert instance.run_coordinator is not None
+    with instance_for_test(overrides=coordinator_config(fleet_file, strategy="greedy")) as instance:
+        assert isinstance(instance.run_coordinator, dg.QueuedRunCoordinator)
+
+
+def test_limits_hold_waiting_runs_and_one_per_node(instance: dg.DagsterInstance) -> None:
+    limits = instance.run_coordinator.get_run_queue_config().tag_concurrency_limits
+    assert {"key": ROCM_PLACEMENT_TAG, "value": PLACEMENT_WAITING, "limit": 0} in limits
+    assert {"key": ROCM_NODE_TAG, "value": {"applyLimitPerUniqueValue": True}, "limit": 1} in limits
+
+
+# ##### SUBMISSION
+
+
+def test_submit_queues_a_build_waiting_for_placement(instance: dg.DagsterInstance) -> None:
+    run = submit(instance, "vllm-wheel", "gfx942")
+    assert run.status == dg.DagsterRunStatus.QUEUED
+    assert run.tags[ROCM_BUILD_TAG] == "vllm-wheel@gfx942"
+    assert run.tags[ROCM_PLACEMENT_TAG] == PLACEMENT_WAITING
+    assert run.tags[ROCM_NODE_TAG] == ""
+    # submitting again is a no-op, as in QueuedRunCoordinator
+    again = instance.run_coordinator.submit_run(SubmitRunContext(run, workspace=None))
+    assert again.status == dg.DagsterRunStatus.QUEUED
+
+
+def test_runs_that_build_nothing_take_no_node(instance: dg.DagsterInstance) -> None:
+    run = create_run_for_test(
+        instance,
+        job_name="__ASSET_JOB",
+        status=dg.DagsterRunStatus.NOT_STARTED,
+        remote_job_origin=ORIGIN,
+        asset_selection=frozenset(),
+        asset_check_selection=frozenset({dg.AssetCheckKey(dg.AssetKey("pytorch"), "pytorch_test")}),
+    )
+    queued = instance.run_coordinator.submit_run(SubmitRunContext(run, workspace=None))
+    assert not any(k.startswith("rocm/") for k in queued.tags)
+    iterate(instance)
+    assert instance.get_run_by_id(run.run_id).status == dg.DagsterRunStatus.STARTING
+
+
+def test_retries_are_placed_afresh(instance: dg.DagsterInstance) -> None:
+    first = submit(instance, "rocm-runtime", "gfx950")
+    iterate(instance)
+    node = instance.get_run_by_id(first.run_id).tags[ROCM_NODE_TAG]
+    assert node
+    instance.report_run_failed(instance.get_run_by_id(first.run_id))
+    retry = submit(
+        instance,
+        "rocm-runtime",
+        "gfx950",
+        parent_run_id=first.run_id,
+        root_run_id=first.run_id,
+        tags={ROCM_NODE_TAG: node, ROCM_PLACEMENT_TAG: PLACEMENT_PLACED, ROCM_MAX_JOBS_TAG: "32"},
+    )
+    assert retry.tags[ROCM_NODE_TAG] == "" and retry.tags[ROCM_PLACEMENT_TAG] == PLACEMENT_WAITING
+    logs = instance.all_logs(retry.run_id)
+    assert any(f"not {node}, its parent's node" in (e.message or "") for e in logs)
+    iterate(instance)
+    placed = instance.get_run_by_id(retry.run_id)
+    assert placed.tags[ROCM_PLACEMENT_TAG] == PLACEMENT_PLACED and placed.tags[ROCM_NODE_TAG]
+
+
+# ##### PLACEMENT AT DEQUEUE TIME
+
+
+def test_many_runs_one_build_per_node_and_dependency_gating(instance: dg.DagsterInstance) -> None:
+    graph = load_graph(BAKE, {})
+    arches = ["gfx942", "gfx1250"]
+    expected = set()
+    for target in graph.groups["default"]:
+        for arch in arches if target in graph.per_arch else [None]:
+            expected.add(f"{target}@{arch}" if arch else target)
+    # noarch targets are requested once per arch, as two requests would; the duplicate waits
+    for target in reversed(graph.groups["default"]):
+        for arch in arches:
+            submit(instance, target, arch if target in graph.per_arch else None)
+    done: set[str] = set()
+    for _ in range(80):
+        iterate(instance)
+        holding = runs_in(instance, *HOLDING)
+        nodes = [r.tags[ROCM_NODE_TAG] for r in holding]
+        assert len(nodes) == len(set(nodes)), f"two builds on one node: {nodes}"
+        for run in holding:
+            build = parse_build(run.tags[ROCM_BUILD_TAG])
+            deps = {str(d) for d in build_deps(graph, build)}
+            assert deps <= done, f"{build} started before {deps - done}"
+            assert run.tags[ROCM_EST_FINISH_TAG] and int(run.tags[ROCM_MAX_JOBS_TAG]) >= 1
+        for run in holding:
+            finish(instance, run)
+            done.add(run.tags[ROCM_BUILD_TAG])
+        if not runs_in(instance, dg.DagsterRunStatus.QUEUED):
+            break
+    assert done == expected
+    succeeded = sorted(
+        r.tags[ROCM_BUILD_TAG] for r in runs_in(instance, dg.DagsterRunStatus.SUCCESS)
+    )
+    # every requested run ran; the second request of a noarch build waited for the first
+    noarch = [b for b in expected if "@" not in b]
+    assert succeeded == sorted([*expected, *noarch])
+
+
+def test_waiting_runs_say_what_they_wait_for(instance: dg.DagsterInstance) -> None:
+    base = submit(instance, "pytorch-base", "gfx942")
+    runtime = submit(instance, "rocm-runtime", "gfx942")
+    iterate(instance)
+    assert instance.get_run_by_id(runtime.run_id).status == dg.DagsterRunStatus.STARTING
+    waiting = instance.get_run_by_id(base.run_id)
+    assert waiting.status == dg.DagsterRunStatus.QUEUED
+    assert waiting.tags[ROCM_WAITING_FOR_TAG] == "waits for rocm-runtime@gfx942"
+
+
+def test_in_process_runs_hold_their_node(instance: dg.DagsterInstance) -> None:
+    # `dagster asset materialize` tags itself and runs without the queue: its node is busy.
+    for node in ("big", "mid"):
+        create_run_for_test(
+            instance,
+            status=dg.DagsterRunStatus.STARTED,
+            asset_selection=frozenset({dg.AssetKey("pytorch")}),
+            tags={ROCM_NODE_TAG: node, "dagster/partition": "gfx950"},
+        )
+    run = submit(instance, "pytorch-src", None)
+    iterate(instance)
+    assert instance.get_run_by_id(run.run_id).tags[ROCM_NODE_TAG] == "small"
+
+
+def test_a_bad_fleet_file_never_crashes_the_daemon(
+    instance: dg.DagsterInstance, fleet_file: Path
+) -> None:
+    run = submit(instance, "rocm-runtime", "gfx942")
+    fleet_file.write_text("nodes: [}\n")
+    iterate(instance)  # no exception: the run just stays queued
+    assert instance.get_run_by_id(run.run_id).status == dg.DagsterRunStatus.QUEUED
+    fleet_file.write_text(FLEET)
+    iterate(instance)
+    assert instance.get_run_by_id(run.run_id).status == dg.DagsterRunStatus.STARTING
+
+
+# ##### FAN-OUT OF A MULTI-BUILD REQUEST (real code location over gRPC)
+
+
+@pytest.fixture
+def workspace_target(monkeypatch: pytest.MonkeyPatch) -> ModuleTarget:
+    monkeypatch.setenv("ROCM_BAKE_FILE", str(BAKE))
+    return ModuleTarget(
+        module_name="rocm_assets.definitions",
+        attribute=None,
+        working_directory=str(PROJECT_ROOT),
+        location_name="rocm_assets",
+    )
+
+
+def test_multi_build_request_fans_out(
+    instance: dg.DagsterInstance, workspace_target: ModuleTarget
+) -> None:
+    from dagster._core.definitions.selector import JobSubsetSelector
+
+    keys = [dg.AssetKey("vllm"), dg.AssetKey("vllm-wheel"), dg.AssetKey("lmcache-wheel")]
+    with create_test_daemon_workspace_context(workspace_target, instance) as context:
+        location = context.create_request_context().get_code_location("rocm_assets")
+        repo = next(iter(location.get_repositories().values()))
+        job = location.get_job(
+            JobSubsetSelector("rocm_assets", repo.name, "__ASSET_JOB", None, keys)
+        )
+        plan = location.get_execution_plan(
+            job, {}, step_keys_to_execute=None, known_state=None, instance=instance
+        )
+        request = instance.create_run(
+            job_name="__ASSET_JOB",
+            run_id=None,
+            run_config={},
+            resolved_op_selection=None,
+            step_keys_to_execute=None,
+            status=dg.DagsterRunStatus.NOT_STARTED,
+            op_selection=None,
+            root_run_id=None,
+            parent_run_id=None,
+            tags={"dagster/partition": "gfx1201", "team": "rocm"},
+            job_snapshot=job.job_snapshot,
+            execution_plan_snapshot=plan.execution_plan_snapshot,
+            parent_job_snapshot=job.parent_job_snapshot,
+            remote_job_origin=job.get_remote_origin(),
+            job_code_origin=job.get_python_origin(),
+            asset_selection=frozenset(keys),
+            asset_check_selection=None,
+            asset_graph=repo.asset_graph,
+        )
+        instance.submit_run(request.run_id, context.create_request_context())
+        parent = instance.get_run_by_id(request.run_id)
+        assert parent.tags[ROCM_FANOUT_TAG] == FANOUT_PARENT
+        assert ROCM_NODE_TAG not in parent.tags  # the request's own run takes no node
+        children = list(instance.get_runs(dg.RunsFilter(tags={ROCM_FANOUT_OF_TAG: request.run_id})))
+        assert sorted(c.tags[ROCM_BUILD_TAG] for c in children) == [
+            "lmcache-wheel@gfx1201",
+            "vllm-wheel@gfx1201",
+            "vllm@gfx1201",
+        ]
+        for child in children:
+            assert child.status == dg.DagsterRunStatus.QUEUED
+            assert child.asset_selection == {dg.AssetKey(child.tags[ROCM_BUILD_TAG].split("@")[0])}
+            assert child.tags["dagster/partition"] == "gfx1201" and child.tags["team"] == "rocm"
+        list(QueuedRunCoordinatorDaemon(interval_seconds=1).run_iteration(context))
+        started = {r.tags.get(ROCM_BUILD_TAG, "parent") for r in runs_in(instance, *HOLDING)}
+        # gating: only lmcache-wheel's inputs are outside the request; vllm waits for it
+        assert started == {"parent", "lmcache-wheel@gfx1201"}
