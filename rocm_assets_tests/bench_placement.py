@@ -1,0 +1,120 @@
+"""Placement overhead: the coordinator's decision for 1,000 queued builds on 50 nodes.
+
+Issue 6 sets the target: under 50 ms a decision. The name keeps this module out of the default
+`test_*.py` collection; run it on purpose:
+
+    pytest rocm_assets_tests/bench_placement.py
+
+Pure: no server involved. The fleets are the test module's stand-ins.
+"""
+
+import random
+
+import pytest
+from pytest_benchmark.fixture import BenchmarkFixture
+
+from rocm_assets.placement import (
+    STRATEGIES,
+    Build,
+    CostModel,
+    Decision,
+    Problem,
+    choose_placements,
+    plan,
+)
+from rocm_assets_tests.test_placement import (
+    SEED_GRAPH,
+    FakeCost,
+    FakeFleet,
+    FakeNode,
+    random_problem,
+    seed_builds,
+)
+
+QUEUED = 1000
+NODES = 50
+
+
+def _fleet(rng: random.Random, targets: list[str]) -> FakeFleet:
+    nodes = tuple(
+        FakeNode(
+            f"n{p:02d}",
+            cores=rng.choice([8, 16, 32, 48, 64]),
+            mem_gb=rng.uniform(15, 256),
+            link_mbps=40 * 25 ** rng.random(),
+        )
+        for p in range(NODES)
+    )
+    costs = {t: FakeCost(60 * 180 ** rng.random(), rng.uniform(0.05, 12)) for t in targets}
+    return FakeFleet(nodes, costs)
+
+
+def _queue(
+    rng: random.Random, deps: dict[Build, frozenset[Build]], fleet: FakeFleet
+) -> tuple[set[Build], dict[Build, tuple[str, float]], dict[Build, str]]:
+    """A farm mid-run: the first builds in dependency order pushed, one running on each of 20
+    nodes, exactly QUEUED pending."""
+    order: list[Build] = []
+    seen: set[Build] = set()
+
+    def visit(b: Build) -> None:
+        if b not in seen:
+            seen.add(b)
+            for d in sorted(deps.get(b, frozenset())):
+                visit(d)
+            order.append(b)
+
+    for b in sorted(deps):
+        visit(b)
+    extra = len(order) - QUEUED
+    assert extra >= 20, "the graph must be larger than the queue"
+    pushed = {b: rng.choice(fleet.nodes).name for b in order[: extra - 20]}
+    running = {
+        b: (node.name, rng.uniform(100, 3000))
+        for b, node in zip(order[extra - 20 : extra], fleet.nodes[:20], strict=True)
+    }
+    return set(order[extra:]), running, pushed
+
+
+@pytest.mark.parametrize("strategy", list(STRATEGIES))
+def test_decision_seed_graph(benchmark: BenchmarkFixture, strategy: str) -> None:
+    # The seed's graph for 90 arches (1,082 builds), 62 done or running, 1,000 queued.
+    rng = random.Random(1)
+    fleet = _fleet(rng, list(SEED_GRAPH))
+    _, deps = seed_builds([f"gfx{a}" for a in range(90)])
+    pending, running, pushed = _queue(rng, deps, fleet)
+    cost = CostModel(fleet)
+    decision: Decision = benchmark(
+        choose_placements, pending, running, fleet.nodes, cost, 0.0, deps, pushed, strategy
+    )
+    benchmark.extra_info["starts"] = len(decision.starts)
+    assert len(pending) == QUEUED
+    assert len(decision.starts) + len(decision.waiting) == QUEUED
+
+
+def test_decision_random_dag(benchmark: BenchmarkFixture) -> None:
+    # A layered random DAG of 1,200 builds (up to 3 inputs each), 200 done or running.
+    rng = random.Random(2)
+    builds = [Build(f"t{k:04d}", "gfx942") for k in range(QUEUED + 200)]
+    fleet = _fleet(rng, [b.target for b in builds])
+    deps: dict[Build, frozenset[Build]] = {}
+    for k, b in enumerate(builds):
+        deps[b] = frozenset(rng.sample(builds[max(0, k - 60) : k], min(k, rng.randint(0, 3))))
+    pending, running, pushed = _queue(rng, deps, fleet)
+    decision: Decision = benchmark(
+        choose_placements, pending, running, fleet.nodes, CostModel(fleet), 0.0, deps, pushed
+    )
+    assert len(decision.starts) + len(decision.waiting) == QUEUED
+
+
+def test_plan_random_instance(benchmark: BenchmarkFixture) -> None:
+    # What `rocm-assets plan` and the simulator pay per instance: up to 24 targets, 12 nodes,
+    # every heuristic and the lower bounds (LP included when scipy is installed).
+    rng = random.Random(3)
+    problems = [random_problem(rng) for _ in range(20)]
+
+    def run() -> None:
+        for p in problems:
+            plan(Problem(p.builds, p.deps, p.nodes, p.cost, p.placed))
+
+    benchmark(run)
