@@ -5,6 +5,7 @@ Everything here is derived from the file; nothing in the code lists targets or e
 Which targets are per-arch follows from whether their tags change with the arch variable.
 """
 
+import os
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -155,8 +156,11 @@ class BakeGraph:
     def __init__(self, bake: BakeFile, env: Mapping[str, str] | None = None):
         self.bake = bake
         self.path = bake.path
+        # Like bake, variables come from the environment (REGISTRY, SDE_*, ...); the arch and
+        # the input mode are set per evaluation instead.
+        source = os.environ if env is None else env
         self.base_env = {
-            k: v for k, v in (env or {}).items() if k not in (ARCH_VAR, PUBLISHED_INPUTS_VAR)
+            k: v for k, v in source.items() if k not in (ARCH_VAR, PUBLISHED_INPUTS_VAR)
         }
         self._cache: dict[tuple[str, bool], ResolvedBake] = {}
         first = self.resolve(None)
@@ -328,7 +332,10 @@ class BakeGraph:
 
 
 def load_graph(path: str | Path, env: Mapping[str, str] | None = None) -> BakeGraph:
-    """Parse, evaluate and check a bake file into a BakeGraph; any problem is one BakeError line."""
+    """Parse, evaluate and check a bake file into a BakeGraph; any problem is one BakeError line.
+
+    `env` holds the variable overrides, as bake's environment does (default: os.environ).
+    """
     return BakeGraph(load_bake(path), env)
 
 
