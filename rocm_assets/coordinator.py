@@ -15,6 +15,7 @@ CLI. It reads the bake graph and the fleet from their files and never imports th
 """
 
 import logging
+import os
 import re
 import threading
 import time
@@ -43,6 +44,7 @@ from rocm_assets.constants import (
     FANOUT_PARENT,
     PLACEMENT_PLACED,
     PLACEMENT_WAITING,
+    REGISTRY_URL_ENV,
     ROCM_BUILD_TAG,
     ROCM_EST_FINISH_TAG,
     ROCM_EST_START_TAG,
@@ -55,6 +57,8 @@ from rocm_assets.constants import (
 )
 from rocm_assets.fleet import Fleet, NodeProbe, fleet_path, load_fleet, probe_fleet
 from rocm_assets.placement import Build
+from rocm_assets.preflight import PreflightError, preflight
+from rocm_assets.registry import RegistryClient, RegistryError
 from rocm_assets.settings import bake_file_path
 
 logger = logging.getLogger("rocm_assets.coordinator")
@@ -66,6 +70,8 @@ _IN_FLIGHT = [
     dg.DagsterRunStatus.CANCELING,
 ]
 _MEASURED_TTL_S = 300.0
+# Submission runs in the webserver: a slow registry must not hold the UI for long.
+_SUBMIT_REGISTRY_OPTIONS = {"connect_timeout": 2.0, "read_timeout": 5.0, "retries": 0}
 # Tags a child run must not inherit from the request it was split from.
 _NOT_INHERITED = (
     PARTITION_NAME_TAG,
@@ -280,6 +286,9 @@ class PlacementRunCoordinator(dg.QueuedRunCoordinator):
             return super().submit_run(context)
         if not builds:
             return super().submit_run(context)  # checks, sensors' runs: they take no build node
+        # A split request's runs were checked together, as the request.
+        if ROCM_FANOUT_OF_TAG not in run.tags and not self._preflight(run, graph, builds):
+            return self._reload(run)
         if len(builds) > 1:
             if context.workspace is not None:
                 return self._fan_out(context, run, graph, builds)
@@ -298,6 +307,49 @@ class PlacementRunCoordinator(dg.QueuedRunCoordinator):
             snapshot = self._instance.get_execution_plan_snapshot(run.execution_plan_snapshot_id)
             targets = {ops[s.key] for s in snapshot.steps if s.key in ops} if snapshot else set()
         return builds_for(graph, targets, run_partitions(run.tags, graph.arches))
+
+    def _preflight(self, run: dg.DagsterRun, graph: BakeGraph, builds: list[Build]) -> bool:
+        """Check the request's registry inputs now, so the UI shows a missing one at once.
+
+        Builds already queued or running count as published: they will be before this starts.
+        Returns False when the run was failed for missing inputs. A registry that cannot answer
+        only delays the check to the run itself, which checks again before it builds.
+        """
+        if not os.environ.get(REGISTRY_URL_ENV):
+            return True
+        in_flight = [
+            (b.target, b.arch)
+            for b in (parse_build(t) for t in self._in_flight_build_tags())
+            if b.target in graph.deps
+        ]
+        try:
+            with RegistryClient.from_env(**_SUBMIT_REGISTRY_OPTIONS) as client:
+                report = preflight(
+                    graph,
+                    [(b.target, b.arch) for b in builds],
+                    client,
+                    published_by_request=in_flight,
+                )
+        except (RegistryError, PreflightError) as exc:
+            self._event(
+                run, f"preflight at submission skipped: {exc}; the run checks before it builds"
+            )
+            return True
+        if report.ok:
+            self._event(run, report.summary())
+            return True
+        message = "\n".join([report.summary(), *(m.line() for m in report.missing)])
+        self._event(run, message)
+        self._instance.report_run_failed(run, message)
+        return False
+
+    def _in_flight_build_tags(self) -> list[str]:
+        records = self._instance.get_run_records(dg.RunsFilter(statuses=_IN_FLIGHT))
+        return [
+            r.dagster_run.tags[ROCM_BUILD_TAG]
+            for r in records
+            if r.dagster_run.tags.get(ROCM_BUILD_TAG)
+        ]
 
     def _queue_build(
         self, context: SubmitRunContext, run: dg.DagsterRun, build: Build

@@ -336,3 +336,49 @@ def test_multi_build_request_fans_out(
         started = {r.tags.get(ROCM_BUILD_TAG, "parent") for r in runs_in(instance, *HOLDING)}
         # gating: only lmcache-wheel's inputs are outside the request; vllm waits for it
         assert started == {"parent", "lmcache-wheel@gfx1201"}
+
+
+# ##### PREFLIGHT AT SUBMISSION (real docker-registry)
+
+
+@pytest.mark.real
+def test_submission_preflight_fails_a_run_whose_input_is_missing(
+    instance: dg.DagsterInstance, registry_server, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    prefix = registry_server.new_repo("coordinator")
+    monkeypatch.setenv("ROCM_REGISTRY_URL", registry_server.url)
+    monkeypatch.setenv("REGISTRY", f"{registry_server.host}/{prefix}")
+    graph = load_graph(BAKE)
+    image = graph.tags("vllm", "gfx942")[0]
+
+    failed = submit(instance, "vllm-wheel", "gfx942")
+    assert failed.status == dg.DagsterRunStatus.FAILURE
+    messages = "\n".join(e.message or "" for e in instance.all_logs(failed.run_id))
+    assert (
+        f"missing {image}: needed by vllm-wheel; built by asset vllm partition gfx942" in messages
+    )
+    assert (
+        "dagster asset materialize -m rocm_assets.definitions --select vllm --partition gfx942"
+        in messages
+    )
+
+    # the input an earlier run of the same request will publish does not count as missing
+    queued_vllm = submit(instance, "vllm", "gfx942")
+    assert queued_vllm.status == dg.DagsterRunStatus.FAILURE  # its own inputs are missing
+    repo, tag = image.removeprefix(f"{registry_server.host}/").rsplit(":", 1)
+    registry_server.push_image(repo, tag, b"vllm")
+    ok = submit(instance, "vllm-wheel", "gfx942")
+    assert ok.status == dg.DagsterRunStatus.QUEUED
+
+
+def test_submission_preflight_never_fails_a_run_for_a_registry_error(
+    instance: dg.DagsterInstance, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("ROCM_REGISTRY_URL", "http://127.0.0.1:9")  # nothing listens there
+    monkeypatch.setenv("REGISTRY", "127.0.0.1:9")
+    run = submit(instance, "vllm-wheel", "gfx942")
+    assert run.status == dg.DagsterRunStatus.QUEUED
+    messages = [e.message or "" for e in instance.all_logs(run.run_id)]
+    assert any(
+        "preflight at submission skipped: registry http://127.0.0.1:9" in m for m in messages
+    )
