@@ -336,3 +336,25 @@ def test_check_names_a_missing_group_member(tmp_path: Path) -> None:
         BakeError, match=r"no target or group named 'lmcache-whl' \(in group 'wheels'\)"
     ):
         load_graph(write(tmp_path, text), {})
+
+
+# ##### GO HCL: the parser bake itself uses
+
+
+@pytest.mark.parametrize("path", [SHIPPED, PROJECT_ROOT / "rocm_assets_tests/fixtures/e2e/bake.hcl"])
+def test_go_hcl_parses_the_bake_files(path: Path) -> None:
+    """buildx cannot be installed here; pygohcl wraps hashicorp/hcl, the parser bake uses."""
+    import pygohcl
+
+    parsed = pygohcl.loads(path.read_text())
+    assert "target" in parsed and "variable" in parsed
+
+
+def test_go_hcl_and_ours_reject_the_same_syntax_error(tmp_path: Path) -> None:
+    import pygohcl
+
+    text = 'target "a" {\n  tags = ["x" "y"]\n}\n'
+    with pytest.raises(pygohcl.HCLParseError, match=r":2,"):
+        pygohcl.loads(text)
+    with pytest.raises(BakeError, match=r":2: syntax error"):
+        load_bake(write(tmp_path, text))
