@@ -1,0 +1,523 @@
+"""deploy/: the compose file, the instance config, the image and its entrypoint, checked as far as a
+machine without network allows.
+
+Real here:
+- Debian's `docker-compose` (1.29; `docker compose` v2 where that is what the machine has)
+  validates deploy/docker-compose.yaml with deploy/env.example (`config`: the compose schema and
+  interpolation), and the resolved file is checked against deploy/dagster.yaml: the volumes, the
+  network and the environment a run worker gets must exist on the compose side.
+- Dagster's own instance schema validates deploy/dagster.yaml, and the coordinator, the
+  DockerRunLauncher and the compute log manager are rebuilt from it (ConfigurableClassData) with
+  the env vars it names set; the coordinator then loads the real bake file and fleet through them.
+- The `dockerd` fixture's engine (Debian's Docker 20.10 with BuildKit, no network) builds the
+  Dockerfile's `sources` stage, which downloads nothing, and the test reads the files it holds.
+- The same engine parses the whole Dockerfile and stops exactly at its first download: the base
+  images are pointed (build args) at the real docker-registry on loopback, which lacks them, so
+  the failure is a deterministic "not found" with or without network. A Dockerfile with a bad
+  instruction fails before any image is looked up, so reaching the lookup means every instruction
+  of every stage parsed.
+- The entrypoint writes registry auth that the real docker client and engine use to push to the
+  real docker-registry behind htpasswd; without it the same push is refused.
+
+Not verified here, because each needs a download this machine cannot make: the apt-get and pip
+steps of the image, the buildx plugin running under Debian's docker CLI, the containers starting and
+reaching PostgreSQL, and DockerRunLauncher starting a run worker from the image.
+"""
+
+import base64
+import io
+import json
+import os
+import re
+import shutil
+import stat
+import subprocess
+import sys
+import tarfile
+import uuid
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import yaml
+from dagster._core.errors import DagsterInvalidConfigError
+from dagster._core.instance.config import dagster_instance_config
+from dagster._core.storage.local_compute_log_manager import LocalComputeLogManager
+from dagster._serdes import ConfigurableClassData
+from dagster_docker import DockerRunLauncher
+
+from rocm_assets import constants
+from rocm_assets.coordinator import PlacementRunCoordinator
+from rocm_assets_tests.conftest import PROJECT_ROOT
+from rocm_assets_tests.servers.dockerd import Dockerd
+from rocm_assets_tests.servers.registry import RegistryServer
+
+DEPLOY_DIR = PROJECT_ROOT / "deploy"
+COMPOSE_FILE = DEPLOY_DIR / "docker-compose.yaml"
+ENV_EXAMPLE = DEPLOY_DIR / "env.example"
+DOCKERFILE = DEPLOY_DIR / "Dockerfile"
+ENTRYPOINT = DEPLOY_DIR / "entrypoint.py"
+FARM_SERVICES = ("code-location", "webserver", "daemon", "buildx")
+DOCKER_SOCKET = "/var/run/docker.sock"
+_TIMEOUT_S = 300
+# BUILDKIT_BUILD_NAME, which names the history records the builds are found by.
+_MIN_BUILDX = (0, 27)
+
+
+def _run(argv: list[str], env: Mapping[str, str], **kwargs: Any) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        argv,
+        env=dict(env),
+        capture_output=True,
+        text=True,
+        timeout=_TIMEOUT_S,
+        check=False,
+        **kwargs,
+    )
+
+
+# ---- docker-compose.yaml ----
+
+
+def _compose_argv() -> list[str]:
+    """Debian's docker-compose, else the docker CLI's compose plugin; fail saying how to get one."""
+    legacy = shutil.which("docker-compose")
+    if legacy is not None:
+        return [legacy]
+    docker = shutil.which("docker")
+    if docker is not None and _run([docker, "compose", "version"], os.environ).returncode == 0:
+        return [docker, "compose"]
+    pytest.fail(
+        "neither docker-compose nor the docker compose plugin is installed: "
+        "apt-get install docker-compose",
+        pytrace=False,
+    )
+
+
+def _compose_config(env_file: Path) -> subprocess.CompletedProcess:
+    # A clean environment: only the env file decides, as `.env` does on a Docker host.
+    env = {"PATH": os.environ["PATH"], "HOME": os.environ.get("HOME", "/root")}
+    argv = [*_compose_argv(), "--env-file", str(env_file), "-f", str(COMPOSE_FILE), "config"]
+    return _run(argv, env)
+
+
+@pytest.fixture(scope="module")
+def compose() -> dict[str, Any]:
+    """The compose file as docker-compose resolves it with deploy/env.example."""
+    result = _compose_config(ENV_EXAMPLE)
+    assert result.returncode == 0, (
+        f"docker-compose config rejected {COMPOSE_FILE}:\n{result.stderr}"
+    )
+    return yaml.safe_load(result.stdout)
+
+
+def _load_deploy_yaml() -> dict[str, Any]:
+    return yaml.safe_load((DEPLOY_DIR / "dagster.yaml").read_text())
+
+
+def _mounts(service: Mapping[str, Any]) -> dict[str, str]:
+    """target -> source of a resolved service's volumes, short or long syntax."""
+    mounts: dict[str, str] = {}
+    for entry in service.get("volumes", []):
+        if isinstance(entry, str):
+            source, target = entry.split(":")[:2]
+        else:
+            source, target = entry["source"], entry["target"]
+        mounts[target] = source
+    return mounts
+
+
+@pytest.mark.real
+def test_compose_file_validates_with_the_example_env(compose: dict[str, Any]) -> None:
+    assert set(compose["services"]) == {"postgres", *FARM_SERVICES}
+    images = {compose["services"][name]["image"] for name in FARM_SERVICES}
+    code_location = compose["services"]["code-location"]
+    # Run workers are launched from the image the code location reports.
+    assert images == {code_location["environment"]["DAGSTER_CURRENT_IMAGE"]}
+    for name in FARM_SERVICES:
+        build = compose["services"][name]["build"]
+        assert Path(build["context"]).resolve() == PROJECT_ROOT
+        assert (Path(build["context"]) / build["dockerfile"]).resolve() == DOCKERFILE
+
+
+@pytest.mark.real
+def test_compose_refuses_a_missing_required_setting(tmp_path: Path) -> None:
+    env_file = tmp_path / "env"
+    lines = ENV_EXAMPLE.read_text().splitlines()
+    env_file.write_text(
+        "\n".join(line for line in lines if not line.startswith("DAGSTER_POSTGRES_PASSWORD="))
+    )
+    result = _compose_config(env_file)
+    assert result.returncode != 0
+    assert "set DAGSTER_POSTGRES_PASSWORD in deploy/.env" in result.stderr
+
+
+@pytest.mark.real
+def test_run_workers_get_what_the_compose_side_defines(compose: dict[str, Any]) -> None:
+    launcher = _load_deploy_yaml()["run_launcher"]["config"]
+    assert launcher["network"] in {n["name"] for n in compose["networks"].values()}
+    volume_names = {key: volume["name"] for key, volume in compose["volumes"].items()}
+    # Each run worker volume is a compose volume by its fixed name, mounted at the same path there.
+    compose_mounts = {
+        (volume_names.get(source, source), target)
+        for service in compose["services"].values()
+        for target, source in _mounts(service).items()
+    }
+    for spec in launcher["container_kwargs"]["volumes"]:
+        name, target = spec.split(":")[:2]
+        assert name in volume_names.values(), f"{name} is not a named volume in {COMPOSE_FILE.name}"
+        assert (name, target) in compose_mounts, f"no compose service mounts {name} at {target}"
+    # The daemon hands its own values on: it must have every one the run worker is given.
+    daemon_env = compose["services"]["daemon"]["environment"]
+    missing = [name for name in launcher["env_vars"] if name not in daemon_env]
+    assert not missing, f"the daemon's environment lacks {missing}"
+
+
+@pytest.mark.real
+def test_every_farm_setting_reaches_the_code_and_the_runs(compose: dict[str, Any]) -> None:
+    settings = {
+        value
+        for name, value in vars(constants).items()
+        if name.endswith("_ENV") and isinstance(value, str) and value.startswith("ROCM_")
+    }
+    # The code location runs the definitions and the sensors: it gets every setting there is.
+    code_location_env = compose["services"]["code-location"]["environment"]
+    assert settings <= set(code_location_env), f"unset there: {settings - set(code_location_env)}"
+    # A run bakes, pushes, probes and runs checks over SSH.
+    run_reads = {
+        constants.BAKE_FILE_ENV,
+        constants.FLEET_FILE_ENV,
+        constants.REGISTRY_URL_ENV,
+        constants.REGISTRY_USERNAME_ENV,
+        constants.REGISTRY_PASSWORD_ENV,
+        constants.REGISTRY_CA_ENV,
+        constants.SSH_KNOWN_HOSTS_ENV,
+        constants.REGISTRY_VAR,
+    }
+    env_vars = set(_load_deploy_yaml()["run_launcher"]["config"]["env_vars"])
+    assert run_reads <= env_vars, f"not passed to run workers: {run_reads - env_vars}"
+
+
+@pytest.mark.real
+def test_docker_socket_only_where_runs_are_launched_or_stopped(compose: dict[str, Any]) -> None:
+    services = compose["services"]
+    for name in ("webserver", "daemon"):
+        assert _mounts(services[name]).get(DOCKER_SOCKET) == DOCKER_SOCKET
+        assert services[name]["group_add"], f"{name} needs the socket's group"
+    for name in ("code-location", "buildx"):
+        assert DOCKER_SOCKET not in _mounts(services[name])
+    worker_volumes = _load_deploy_yaml()["run_launcher"]["config"]["container_kwargs"]["volumes"]
+    assert not [v for v in worker_volumes if DOCKER_SOCKET in v]
+
+
+@pytest.mark.real
+def test_bake_and_fleet_files_lie_on_their_mounts(compose: dict[str, Any]) -> None:
+    for name in FARM_SERVICES:
+        service = compose["services"][name]
+        targets = _mounts(service)
+        for setting, volume in (
+            (constants.BAKE_FILE_ENV, "rocm-farm-bake"),
+            (constants.FLEET_FILE_ENV, "rocm-farm-etc"),
+        ):
+            mounted_at = [t for t, source in targets.items() if source == volume]
+            if not mounted_at:
+                continue
+            path = Path(service["environment"][setting])
+            assert any(path.is_relative_to(t) for t in mounted_at), f"{name}: {setting}={path}"
+
+
+# ---- dagster.yaml ----
+
+
+@pytest.fixture
+def instance_env(monkeypatch: pytest.MonkeyPatch) -> dict[str, str]:
+    values = {
+        "DAGSTER_POSTGRES_HOST": "postgres",
+        "DAGSTER_POSTGRES_USER": "dagster",
+        "DAGSTER_POSTGRES_PASSWORD": "not-a-real-password",
+        "DAGSTER_POSTGRES_DB": "dagster",
+        constants.BAKE_FILE_ENV: str(PROJECT_ROOT / "rocm-bake.hcl"),
+        constants.FLEET_FILE_ENV: str(PROJECT_ROOT / "fleet.yaml"),
+    }
+    for name, value in values.items():
+        monkeypatch.setenv(name, value)
+    return values
+
+
+def _rehydrate(section: Mapping[str, Any], as_type: type) -> Any:
+    data = ConfigurableClassData(
+        section["module"], section["class"], yaml.safe_dump(section["config"])
+    )
+    return data.rehydrate(as_type=as_type)
+
+
+def test_instance_config_validates_and_its_classes_rebuild(instance_env: dict[str, str]) -> None:
+    config, custom_instance = dagster_instance_config(str(DEPLOY_DIR))
+    assert custom_instance is None
+    assert set(config["storage"]) == {"postgres"}
+    assert config["run_monitoring"]["enabled"] is True
+
+    coordinator = _rehydrate(config["run_coordinator"], PlacementRunCoordinator)
+    try:
+        # The paths come from the env vars the config names, and the files load through them.
+        assert coordinator._bake_file == instance_env[constants.BAKE_FILE_ENV]
+        assert coordinator._fleet_file == instance_env[constants.FLEET_FILE_ENV]
+        assert coordinator.graph().arches
+        assert coordinator.fleet().nodes
+    finally:
+        coordinator.dispose()
+
+    launcher = _rehydrate(config["run_launcher"], DockerRunLauncher)
+    assert launcher.networks == ["rocm-farm"]
+    assert all("=" not in name for name in launcher.env_vars), "values belong in the environment"
+    assert launcher.container_kwargs["stop_timeout"] > 0
+
+    logs = _rehydrate(config["compute_logs"], LocalComputeLogManager)
+    assert logs._base_dir.startswith("/var/lib/dagster/")
+
+
+def test_instance_config_needs_its_env_vars(
+    instance_env: dict[str, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv(constants.BAKE_FILE_ENV)
+    config, _ = dagster_instance_config(str(DEPLOY_DIR))
+    with pytest.raises(DagsterInvalidConfigError, match=constants.BAKE_FILE_ENV):
+        _rehydrate(config["run_coordinator"], PlacementRunCoordinator)
+
+
+# ---- Dockerfile ----
+
+
+def _dockerfile_args() -> dict[str, str]:
+    return dict(re.findall(r"^ARG (\w+)=(\S+)$", DOCKERFILE.read_text(), flags=re.MULTILINE))
+
+
+def test_image_pins_match_pyproject() -> None:
+    pyproject = (PROJECT_ROOT / "pyproject.toml").read_text()
+    pins = dict(re.findall(r'"(dagster[\w-]*)==([\d.]+)"', pyproject))
+    assert pins["dagster"] == pins["dagster-webserver"]
+    postgres_pin = re.search(r"dagster-postgres==([\d.]+)", DOCKERFILE.read_text())
+    assert postgres_pin is not None, "the image must install dagster-postgres, pinned"
+    # Dagster's libraries share one version line: dagster-postgres moves with dagster-docker.
+    assert postgres_pin.group(1) == pins["dagster-docker"]
+
+
+def test_buildx_plugin_is_pinned_to_a_version_with_history_names() -> None:
+    image = _dockerfile_args()["BUILDX_IMAGE"]
+    match = re.fullmatch(r"docker/buildx-bin:(\d+)\.(\d+)\.(\d+)", image)
+    assert match, f"BUILDX_IMAGE={image} is not pinned to an exact version"
+    assert tuple(int(part) for part in match.groups()[:2]) >= _MIN_BUILDX
+
+
+def _build(
+    dockerd: Dockerd, *args: str, dockerfile: Path = DOCKERFILE
+) -> subprocess.CompletedProcess:
+    env = dockerd.env()
+    env["DOCKER_BUILDKIT"] = "1"
+    argv = [dockerd.client, "build", "--progress=plain", "-f", str(dockerfile), *args]
+    return _run([*argv, str(PROJECT_ROOT)], env)
+
+
+@pytest.fixture(scope="module")
+def sources_image(dockerd: Dockerd) -> Iterator[str]:
+    tag = f"rocm-deploy-sources:{uuid.uuid4().hex[:8]}"
+    result = _build(dockerd, "--target", "sources", "-t", tag)
+    assert result.returncode == 0, f"the sources stage did not build:\n{result.stderr[-3000:]}"
+    yield tag
+    _run([dockerd.client, "rmi", "--force", tag], dockerd.env())
+
+
+def _image_files(dockerd: Dockerd, image: str) -> set[str]:
+    env = dockerd.env()
+    created = _run([dockerd.client, "create", image, "none"], env)
+    assert created.returncode == 0, created.stderr
+    container = created.stdout.strip()
+    try:
+        exported = subprocess.run(
+            [dockerd.client, "export", container], env=env, capture_output=True, check=True
+        )
+    finally:
+        _run([dockerd.client, "rm", container], env)
+    with tarfile.open(fileobj=io.BytesIO(exported.stdout)) as tar:
+        return {m.name for m in tar.getmembers() if m.isfile() and m.name.startswith("src/")}
+
+
+@pytest.mark.real
+def test_sources_stage_builds_with_exactly_the_project(
+    dockerd: Dockerd, sources_image: str
+) -> None:
+    expected = {
+        f"src/{path.relative_to(PROJECT_ROOT)}"
+        for path in (PROJECT_ROOT / "rocm_assets").rglob("*")
+        if path.is_file() and "__pycache__" not in path.parts and path.suffix != ".pyc"
+    }
+    expected |= {"src/pyproject.toml", "src/README.md"}
+    expected |= {
+        f"src/deploy/{name}" for name in ("entrypoint.py", "dagster.yaml", "workspace.yaml")
+    }
+    assert _image_files(dockerd, sources_image) == expected
+
+
+@pytest.mark.real
+def test_whole_dockerfile_parses_and_stops_at_the_base_image_pull(
+    dockerd: Dockerd, registry_server: RegistryServer
+) -> None:
+    # The real defaults, looked up in a loopback registry that has none of them.
+    args = _dockerfile_args()
+    stand_ins = {
+        name: f"{registry_server.host}/{args[name]}" for name in ("PYTHON_IMAGE", "BUILDX_IMAGE")
+    }
+    build_args = [
+        part for name, ref in stand_ins.items() for part in ("--build-arg", f"{name}={ref}")
+    ]
+    result = _build(dockerd, *build_args)
+    assert result.returncode != 0
+    final = result.stderr.strip().splitlines()[-1]
+    # The frontend turned the file into a build graph and failed resolving a base image there.
+    assert re.search(r"failed to create LLB definition|failed to resolve source metadata", final), (
+        result.stderr[-3000:]
+    )
+    assert "not found" in final
+    assert any(ref in final for ref in stand_ins.values()), final
+
+
+@pytest.mark.real
+def test_a_bad_instruction_fails_before_any_image_is_looked_up(
+    dockerd: Dockerd, tmp_path: Path
+) -> None:
+    broken = tmp_path / "Dockerfile"
+    text = DOCKERFILE.read_text()
+    broken.write_text(text.replace("RUN docker buildx version", "RUNN docker buildx version"))
+    result = _build(dockerd, dockerfile=broken)
+    assert result.returncode != 0
+    assert "unknown instruction: RUNN" in result.stderr
+    assert "load metadata for" not in result.stderr
+
+
+# ---- entrypoint.py ----
+
+
+def _entrypoint(
+    command: list[str], env: Mapping[str, str], cwd: Path | None = None
+) -> subprocess.CompletedProcess:
+    return _run([sys.executable, str(ENTRYPOINT), *command], env, cwd=cwd)
+
+
+def _base_env(tmp_path: Path) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("ROCM_", "DAGSTER_", "DOCKER"))}
+    env.pop("REGISTRY", None)
+    env["DOCKER_CONFIG"] = str(tmp_path / "docker-config")
+    return env
+
+
+def test_entrypoint_writes_registry_auth_from_secret_files(tmp_path: Path) -> None:
+    secret = tmp_path / "registry_password"
+    secret.write_text("s3cret-pw\n")
+    config_dir = tmp_path / "docker-config"
+    config_dir.mkdir()
+    (config_dir / "config.json").write_text(json.dumps({"credHelpers": {"gcr.io": "gcloud"}}))
+    env = _base_env(tmp_path)
+    env.update(
+        REGISTRY="zot.snoc.lan:5000",
+        ROCM_REGISTRY_URL="https://mirror.snoc.lan:5443/v2/",
+        ROCM_REGISTRY_USERNAME="farm",
+        ROCM_REGISTRY_PASSWORD="",
+        ROCM_REGISTRY_PASSWORD_FILE=str(secret),
+    )
+    probe = (
+        "import os, sys; sys.stdout.write(str(os.environ['ROCM_REGISTRY_PASSWORD'] == 's3cret-pw'))"
+    )
+    result = _entrypoint([sys.executable, "-c", probe], env)
+    assert (result.returncode, result.stdout, result.stderr) == (0, "True", "")
+
+    config_file = config_dir / "config.json"
+    assert stat.S_IMODE(config_file.stat().st_mode) == 0o600
+    config = json.loads(config_file.read_text())
+    token = base64.b64encode(b"farm:s3cret-pw").decode()
+    assert config == {
+        "credHelpers": {"gcr.io": "gcloud"},
+        "auths": {"zot.snoc.lan:5000": {"auth": token}, "mirror.snoc.lan:5443": {"auth": token}},
+    }
+
+
+def test_entrypoint_without_credentials_writes_nothing(tmp_path: Path) -> None:
+    env = _base_env(tmp_path)
+    env["REGISTRY"] = "zot.snoc.lan:5000"
+    result = _entrypoint([sys.executable, "-c", "pass"], env)
+    assert result.returncode == 0, result.stderr
+    assert not (tmp_path / "docker-config").exists()
+
+
+@pytest.mark.parametrize(
+    ("settings", "command", "message"),
+    [
+        (
+            {"ROCM_REGISTRY_PASSWORD_FILE": "/nonexistent/registry_password"},
+            ["true"],
+            "ROCM_REGISTRY_PASSWORD_FILE=/nonexistent/registry_password: cannot read it: "
+            "No such file or directory",
+        ),
+        (
+            {"ROCM_REGISTRY_USERNAME": "farm", "ROCM_REGISTRY_PASSWORD": "pw-9f3k"},
+            ["true"],
+            "ROCM_REGISTRY_USERNAME/PASSWORD are set but neither REGISTRY nor ROCM_REGISTRY_URL "
+            "names the registry they are for",
+        ),
+        ({}, [], "no command to run"),
+        (
+            {},
+            ["/nonexistent/dagster"],
+            "cannot run '/nonexistent/dagster': No such file or directory",
+        ),
+    ],
+)
+def test_entrypoint_errors_are_one_line(
+    tmp_path: Path, settings: dict[str, str], command: list[str], message: str
+) -> None:
+    env = _base_env(tmp_path)
+    env.update(settings)
+    result = _entrypoint(command, env)
+    assert result.returncode == 2
+    assert result.stderr == f"rocm-assets entrypoint: {message}\n"
+    assert "pw-9f3k" not in result.stderr
+
+
+@pytest.mark.real
+def test_entrypoint_auth_lets_the_real_client_push(
+    dockerd: Dockerd, registry_server_auth: RegistryServer, sources_image: str, tmp_path: Path
+) -> None:
+    server = registry_server_auth
+    password = str(server.password)
+    ref = f"{server.host}/{server.new_repo('rocm/deploy-sources')}:test"
+    engine_env = dockerd.env()
+    tagged = _run([dockerd.client, "tag", sources_image, ref], engine_env)
+    assert tagged.returncode == 0, tagged.stderr
+
+    # Without the entrypoint's auth the registry refuses the push.
+    anonymous = dict(engine_env, DOCKER_CONFIG=str(tmp_path / "anonymous"))
+    refused = _run([dockerd.client, "push", ref], anonymous)
+    assert refused.returncode != 0
+    assert re.search(r"no basic auth credentials|unauthorized", refused.stderr), refused.stderr
+
+    secret = tmp_path / "registry_password"
+    secret.write_text(password)
+    env = dict(engine_env)
+    env.update(
+        DOCKER_CONFIG=str(tmp_path / "docker-config"),
+        REGISTRY=server.host,
+        ROCM_REGISTRY_USERNAME=str(server.username),
+        ROCM_REGISTRY_PASSWORD_FILE=str(secret),
+    )
+    env.pop("ROCM_REGISTRY_PASSWORD", None)
+    pushed = _entrypoint([dockerd.client, "push", ref], env)
+    assert pushed.returncode == 0, pushed.stderr
+    assert password not in pushed.stdout + pushed.stderr
+
+    repo, tag = ref.removeprefix(f"{server.host}/").rsplit(":", 1)
+    tags = httpx.get(
+        f"{server.url}/v2/{repo}/tags/list", auth=(str(server.username), password), trust_env=False
+    )
+    assert tags.status_code == 200
+    assert tags.json()["tags"] == [tag]
