@@ -11,6 +11,7 @@ import pytest
 from rocm_assets.assets import build_asset_specs, build_bake_assets, build_jobs
 from rocm_assets.bake import load_graph
 from rocm_assets.resources.bake import BakeResource
+from rocm_assets.resources.registry import RegistryResource
 from rocm_assets_tests.conftest import PROJECT_ROOT
 
 SHIPPED = PROJECT_ROOT / "rocm-bake.hcl"
@@ -24,7 +25,9 @@ def graph():
 @pytest.fixture(scope="module")
 def defs(graph) -> dg.Definitions:
     return dg.Definitions(
-        assets=build_bake_assets(graph), jobs=build_jobs(graph), resources={"bake": BakeResource()}
+        assets=build_bake_assets(graph),
+        jobs=build_jobs(graph),
+        resources={"bake": BakeResource(), "registry": RegistryResource()},
     )
 
 
@@ -91,7 +94,10 @@ target "extra-wheel" {
     path = tmp_path / "bake.hcl"
     path.write_text(text)
     graph = load_graph(path, {})
-    loaded = dg.Definitions(assets=build_bake_assets(graph), resources={"bake": BakeResource()})
+    loaded = dg.Definitions(
+        assets=build_bake_assets(graph),
+        resources={"bake": BakeResource(), "registry": RegistryResource()},
+    )
     asset_graph = loaded.resolve_asset_graph()
     node = asset_graph.get(dg.AssetKey("extra-wheel"))
     assert node.parent_keys == {dg.AssetKey("vllm")}

@@ -13,13 +13,17 @@ from rocm_assets.constants import (
     REGISTRY_URL_ENV,
     REGISTRY_USERNAME_ENV,
 )
-from rocm_assets.registry import RegistryClient
+from rocm_assets.registry import RegistryClient, RegistryError
 
 
 class RegistryResource(dg.ConfigurableResource):
     """The OCI registry (Zot) the farm publishes to. Bind secrets with dg.EnvVar, never literals."""
 
-    url: str = Field(description="Registry base URL, e.g. https://zot.example:5000.")
+    # None when ROCM_REGISTRY_URL is unset: the code location still loads and every run says why
+    # it cannot check the registry, instead of failing at launch on an unresolvable EnvVar.
+    url: str | None = Field(
+        default=None, description="Registry base URL, e.g. https://zot.example:5000."
+    )
     username: str | None = Field(default=None, description="HTTP Basic / token-realm user.")
     # repr=False: the resolved password must not show in logs or reprs of the resource.
     password: str | None = Field(default=None, repr=False, description="Bind with dg.EnvVar.")
@@ -32,7 +36,7 @@ class RegistryResource(dg.ConfigurableResource):
 
     @classmethod
     def from_env(cls) -> Self:
-        """Bind ROCM_REGISTRY_URL, and the credential and CA variables that are set, as EnvVars.
+        """Bind the registry URL, credential and CA variables that are set, as EnvVars.
 
         Only the variables' presence is read here, so an open registry needs no credential
         variables at all (an unset EnvVar would fail the run); their values resolve at run time.
@@ -42,11 +46,17 @@ class RegistryResource(dg.ConfigurableResource):
             "password": REGISTRY_PASSWORD_ENV,
             "ca_bundle": REGISTRY_CA_ENV,
         }
+        optional["url"] = REGISTRY_URL_ENV
         bound = {field: dg.EnvVar(name) for field, name in optional.items() if os.environ.get(name)}
-        return cls(url=dg.EnvVar(REGISTRY_URL_ENV), **bound)
+        return cls(**bound)
 
     def client(self, warn: Callable[[str], None] | None = None) -> RegistryClient:
         """A new RegistryClient (use it as a context manager); `warn` gets non-fatal findings."""
+        if not self.url:
+            raise RegistryError(
+                f"{REGISTRY_URL_ENV} is not set: point it at the registry bake pushes to "
+                "(the REGISTRY host), e.g. https://zot.example:5000"
+            )
         return RegistryClient(
             self.url,
             username=self.username,
