@@ -113,7 +113,18 @@ def bake_invocation(
         target,
     )  # fmt: skip
     return BakeInvocation(
-        target, arch, partition, builder, max_jobs, run_id, name, metadata_file, argv, env
+        target,
+        arch,
+        partition,
+        builder,
+        max_jobs,
+        run_id,
+        name,
+        metadata_file,
+        argv,
+        env,
+        # Bake resolves relative `context` paths against its working directory, not the file's.
+        cwd=bake_file.parent,
     )
 
 
@@ -224,7 +235,6 @@ def run_bake(
         proc = subprocess.Popen(
             list(inv.argv),
             env=dict(inv.env),
-            # Bake resolves `context` paths against the working directory, not the file.
             cwd=inv.cwd,
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
