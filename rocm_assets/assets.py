@@ -8,6 +8,7 @@ from dagster._core.definitions.unresolved_asset_job_definition import Unresolved
 from rocm_assets.bake import BakeGraph
 from rocm_assets.constants import FANOUT_PARENT, ROCM_FANOUT_OF_TAG, ROCM_FANOUT_TAG, WHEELS_GROUP
 from rocm_assets.resources.bake import BakeResource
+from rocm_assets.resources.registry import RegistryResource
 
 ASSET_GROUP = "rocm"
 GROUP_TAG_PREFIX = "rocm-group/"
@@ -78,7 +79,7 @@ def build_asset_specs(graph: BakeGraph) -> list[dg.AssetSpec]:
 def _materializer(target: str) -> Callable[..., Iterator[dg.MaterializeResult]]:
     # A function per target, so each asset bakes its own target (no loop-variable capture).
     def materialize(
-        context: dg.AssetExecutionContext, bake: BakeResource
+        context: dg.AssetExecutionContext, bake: BakeResource, registry: RegistryResource
     ) -> Iterator[dg.MaterializeResult]:
         if context.run.tags.get(ROCM_FANOUT_TAG) == FANOUT_PARENT:
             # The coordinator split this request into one placed run per build; this run only
@@ -90,7 +91,7 @@ def _materializer(target: str) -> Callable[..., Iterator[dg.MaterializeResult]]:
                 context.run_id,
             )
             return
-        yield bake.materialize(context, target)
+        yield bake.materialize(context, target, registry)
 
     return materialize
 

@@ -10,6 +10,9 @@ ROCM_BUILD_TAG = "rocm/build"
 ROCM_PLACEMENT_TAG = "rocm/placement"
 PLACEMENT_WAITING = "waiting"
 PLACEMENT_PLACED = "placed"
+# Set by a run's first build step once its preflight passed; the value is that run's id, because
+# a re-execution copies the tags and must check its inputs again.
+ROCM_PREFLIGHT_TAG = "rocm/preflight"
 ROCM_WAITING_FOR_TAG = "rocm/waiting_for"
 # A request covering several builds becomes one run per build; the request's run is the parent.
 ROCM_FANOUT_TAG = "rocm/fanout"
@@ -25,6 +28,8 @@ REGISTRY_PASSWORD_ENV = "ROCM_REGISTRY_PASSWORD"
 REGISTRY_CA_ENV = "ROCM_REGISTRY_CA"
 # Extra known_hosts file for fleet probes, read on top of the system and user ones.
 SSH_KNOWN_HOSTS_ENV = "ROCM_SSH_KNOWN_HOSTS"
+# Where freshness alerts are POSTed as JSON; unset, they are only logged. May hold a token.
+ALERT_WEBHOOK_ENV = "ROCM_ALERT_WEBHOOK"
 
 DEFAULT_BAKE_FILE = "rocm-bake.hcl"
 DEFAULT_FLEET_FILE = "fleet.yaml"
@@ -41,3 +46,16 @@ REGISTRY_VAR = "REGISTRY"
 # The history-name prefix: this repository's name, so the sibling project's builds stay apart.
 BUILD_NAME_PREFIX = "rocm-pytorch-build"
 NOARCH = "noarch"
+
+# The module `dagster asset materialize -m` loads; preflight names it in the commands it prints.
+DEFINITIONS_MODULE = "rocm_assets.definitions"
+# The asset check that compares a tag's digest in the registry with the last materialization's.
+REGISTRY_DIGEST_CHECK = "registry_digest_matches"
+
+# The Dagster webserver `rocm-assets backfill` talks to, and the UI `watch` links to.
+DEFAULT_DAGSTER_URL = "http://localhost:3000"
+# The seed's multi-node buildx builder. Here the coordinator schedules the pool, so the name only
+# matters to `build-all`, which refuses it (and any name that is not one node's builder).
+POOL_BUILDER = "snoc-pool"
+# The bake group `rocm-assets plan` and the benchmark schedule when none is named.
+DEFAULT_GROUP = "default"

@@ -1,17 +1,22 @@
-"""The build fleet: fleet.yaml validated into frozen models, and live SSH probes of its nodes.
+"""The build fleet: fleet.yaml validated into frozen models, SSH probes, and commands on nodes.
 
 Both the code location and the run coordinator load the manifest through `load_fleet`, so the two
 processes cannot disagree about the nodes. Probes never raise for a node's failure: an unreachable,
 slow or misconfigured node comes back as a `NodeProbe` with `ok=False` and a one-line reason, so the
 caller excludes it for that decision and carries on (the seed's balancer did the same with SSH).
+`run_on_node` (the GPU tests) uses the same bounded, host-key-checked connection, but raises
+`NodeCommandError` when it cannot reach the node: its caller decides whether another node will do.
 """
 
 import logging
 import os
 import shlex
+import threading
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections import deque
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -454,6 +459,42 @@ def _probe_over_ssh(
     known_hosts: Sequence[Path],
     probed_at: float,
 ) -> NodeProbe:
+    with _connection(
+        node, timeout_s=timeout_s, connect_kwargs=connect_kwargs, known_hosts=known_hosts
+    ) as conn:
+        command = shlex.join(["sh", "-c", probe_script(node.builder, sample_s)])
+        try:
+            result = conn.run(
+                command, hide=True, warn=True, in_stream=False, timeout=timeout_s + sample_s
+            )
+        except CommandTimedOut:
+            return _failed(
+                node, f"probe command timed out after {timeout_s + sample_s:g} s", probed_at
+            )
+        except (paramiko.SSHException, OSError) as exc:
+            return _failed(node, _ssh_failure(node, exc, timeout_s), probed_at)
+        if result.exited != 0:
+            detail = _one_line(result.stderr)[:200] or "no stderr"
+            return _failed(node, f"probe script exited {result.exited}: {detail}", probed_at)
+        try:
+            return parse_probe_output(node, result.stdout, probed_at=probed_at)
+        except ProbeError as exc:
+            return _failed(node, f"unreadable probe output: {exc}", probed_at)
+
+
+@contextmanager
+def _connection(
+    node: Node,
+    *,
+    timeout_s: float,
+    connect_kwargs: Mapping[str, Any],
+    known_hosts: Iterable[Path],
+) -> Iterator[Connection]:
+    """A fabric connection to `node` with every phase bounded and host keys checked; closed after.
+
+    fabric connects lazily, so connection errors surface from the first `run`: map them with
+    `_ssh_failure`.
+    """
     bounded = {
         **connect_kwargs,
         "timeout": timeout_s,
@@ -467,38 +508,25 @@ def _probe_over_ssh(
     conn.connect_timeout = None
     try:
         _check_host_keys(conn, known_hosts)
-        command = shlex.join(["sh", "-c", probe_script(node.builder, sample_s)])
-        try:
-            result = conn.run(
-                command, hide=True, warn=True, in_stream=False, timeout=timeout_s + sample_s
-            )
-        except CommandTimedOut:
-            return _failed(
-                node, f"probe command timed out after {timeout_s + sample_s:g} s", probed_at
-            )
-        except paramiko.BadHostKeyException:
-            return _failed(node, f"host key of {node.ssh} does not match known_hosts", probed_at)
-        except paramiko.AuthenticationException:
-            return _failed(node, f"ssh authentication to {node.ssh} failed", probed_at)
-        except paramiko.SSHException as exc:
-            return _failed(node, _ssh_reason(node, exc, timeout_s), probed_at)
-        except TimeoutError:
-            return _failed(node, f"ssh timeout after {timeout_s:g} s", probed_at)
-        except paramiko.ssh_exception.NoValidConnectionsError:
-            return _failed(node, f"ssh connection to {node.ssh} refused", probed_at)
-        except OSError as exc:
-            return _failed(
-                node, f"ssh connect to {node.ssh} failed: {exc.strerror or exc}", probed_at
-            )
-        if result.exited != 0:
-            detail = _one_line(result.stderr)[:200] or "no stderr"
-            return _failed(node, f"probe script exited {result.exited}: {detail}", probed_at)
-        try:
-            return parse_probe_output(node, result.stdout, probed_at=probed_at)
-        except ProbeError as exc:
-            return _failed(node, f"unreadable probe output: {exc}", probed_at)
+        yield conn
     finally:
         conn.close()
+
+
+def _ssh_failure(node: Node, exc: paramiko.SSHException | OSError, timeout_s: float) -> str:
+    """The one-line reason for an SSH connection or channel failure."""
+    # Order matters: the paramiko errors subclass SSHException, the socket ones OSError.
+    if isinstance(exc, paramiko.BadHostKeyException):
+        return f"host key of {node.ssh} does not match known_hosts"
+    if isinstance(exc, paramiko.AuthenticationException):
+        return f"ssh authentication to {node.ssh} failed"
+    if isinstance(exc, paramiko.SSHException):
+        return _ssh_reason(node, exc, timeout_s)
+    if isinstance(exc, TimeoutError):
+        return f"ssh timeout after {timeout_s:g} s"
+    if isinstance(exc, paramiko.ssh_exception.NoValidConnectionsError):
+        return f"ssh connection to {node.ssh} refused"
+    return f"ssh connect to {node.ssh} failed: {exc.strerror or exc}"
 
 
 def _check_host_keys(conn: Connection, known_hosts: Iterable[Path]) -> None:
@@ -563,3 +591,131 @@ def best_node(probes: Iterable[NodeProbe]) -> NodeProbe | None:
     """The usable node with the highest score, or None if every node is excluded."""
     usable = [p for p in probes if p.ok]
     return max(usable, key=lambda p: p.score, default=None)
+
+
+# --- commands on a node -----------------------------------------------------------------------
+
+
+class NodeCommandError(RuntimeError):
+    """A command could not be run on a node (no ssh address, ssh failure); one line naming it."""
+
+
+@dataclass(frozen=True, slots=True)
+class CommandResult:
+    """How a command on a node ended. `exit_code` is None when it ran out of time."""
+
+    node: str
+    command: str
+    exit_code: int | None
+    # The last lines of stdout and stderr, interleaved as they arrived.
+    tail: tuple[str, ...]
+    duration_s: float
+
+    @property
+    def timed_out(self) -> bool:
+        return self.exit_code is None
+
+
+class OutputTail:
+    """The last `lines` lines written through its streams, in the order they arrived.
+
+    invoke reads stdout and stderr in two threads; each gets its own stream (`stream()`), so a
+    line half-written on one is never joined to the other's.
+    """
+
+    def __init__(self, lines: int) -> None:
+        self._lines: deque[str] = deque(maxlen=lines)
+        self._lock = threading.Lock()
+        self._streams: list[_TailStream] = []
+
+    def stream(self) -> "_TailStream":
+        stream = _TailStream(self)
+        self._streams.append(stream)
+        return stream
+
+    def add(self, lines: Sequence[str]) -> None:
+        with self._lock:
+            self._lines.extend(lines)
+
+    def lines(self) -> tuple[str, ...]:
+        """The kept lines, then any unterminated last line of each stream."""
+        with self._lock:
+            kept = (*self._lines, *(s.partial for s in self._streams if s.partial))
+            return kept[-self._lines.maxlen :] if self._lines.maxlen else ()
+
+
+class _TailStream:
+    """A write-only text stream feeding an `OutputTail`."""
+
+    def __init__(self, tail: OutputTail) -> None:
+        self._tail = tail
+        self.partial = ""
+
+    def write(self, text: str) -> int:
+        *done, self.partial = (self.partial + text).split("\n")
+        self._tail.add(done)
+        return len(text)
+
+    def flush(self) -> None:
+        """Nothing is buffered but the unterminated last line, which `OutputTail.lines` shows."""
+
+
+def run_on_node(
+    node: Node,
+    argv: Sequence[str],
+    *,
+    timeout_s: float,
+    connect_timeout_s: float = 10.0,
+    tail_lines: int = 50,
+    connect_kwargs: Mapping[str, Any] | None = None,
+    known_hosts: str | Path | None = None,
+) -> CommandResult:
+    """Run `argv` on `node` over SSH, with the same host-key checking and bounds as a probe.
+
+    The remote command line is `shlex.join(argv)`, so no argument is re-split by the remote shell.
+
+    Args:
+        node: the node; it must have an `ssh` address.
+        argv: the command and its arguments.
+        timeout_s: bound on the command; when it runs out the result has `exit_code=None`. The
+            remote process may outlive the channel, so the caller cleans up what it started.
+        connect_timeout_s: bound on each connection phase (TCP, banner, authentication, channel).
+        tail_lines: how many of the last output lines the result keeps.
+        connect_kwargs: extra paramiko `connect` arguments (e.g. `key_filename`).
+        known_hosts: an extra known_hosts file; default $ROCM_SSH_KNOWN_HOSTS.
+
+    Raises:
+        NodeCommandError: the node has no ssh address, or the connection failed.
+    """
+    command = shlex.join(argv)
+    if node.ssh is None:
+        raise NodeCommandError(f"node {node.name} has no ssh address in the fleet file")
+    tail = OutputTail(tail_lines)
+    started = time.monotonic()
+    with _connection(
+        node,
+        timeout_s=connect_timeout_s,
+        connect_kwargs=connect_kwargs or {},
+        known_hosts=known_hosts_files(known_hosts),
+    ) as conn:
+        try:
+            # One tail for both streams keeps their interleaving (as it arrived); hide=False is
+            # what sends output to out_stream/err_stream (nothing reaches this process's stdout).
+            result = conn.run(
+                command,
+                hide=False,
+                warn=True,
+                in_stream=False,
+                out_stream=tail.stream(),
+                err_stream=tail.stream(),
+                timeout=timeout_s,
+            )
+        except CommandTimedOut:
+            return CommandResult(node.name, command, None, tail.lines(), time.monotonic() - started)
+        except (paramiko.SSHException, OSError) as exc:
+            raise NodeCommandError(
+                f"{node.name}: {_ssh_failure(node, exc, connect_timeout_s)}"
+            ) from None
+    return CommandResult(
+        node.name, command, result.exited, tail.lines(), time.monotonic() - started
+    )

@@ -10,7 +10,14 @@ import dagster as dg
 
 from rocm_assets import placement
 from rocm_assets.bake import BakeGraph, load_graph
-from rocm_assets.build import BuildError, bake_invocation, metadata_summary, run_bake
+from rocm_assets.build import (
+    BakeInvocation,
+    BuildError,
+    BuildResult,
+    bake_invocation,
+    metadata_summary,
+    run_bake,
+)
 from rocm_assets.constants import (
     PLACEMENT_WAITING,
     ROCM_MAX_JOBS_TAG,
@@ -18,13 +25,16 @@ from rocm_assets.constants import (
     ROCM_PLACEMENT_TAG,
 )
 from rocm_assets.fleet import Fleet, Node, load_fleet, probe_node
+from rocm_assets.registry_checks import preflight_run
+from rocm_assets.resources.registry import RegistryResource
 from rocm_assets.settings import bake_file_path
 
 # Runs in these states hold their node: STARTING and STARTED are the dequeued, running ones.
 _HOLDING = [dg.DagsterRunStatus.STARTING, dg.DagsterRunStatus.STARTED]
 
 
-def _md_block(lines: tuple[str, ...] | list[str]) -> dg.MetadataValue:
+def md_block(lines: tuple[str, ...] | list[str]) -> dg.MetadataValue:
+    """Log lines as a code block in the UI's metadata panel."""
     return dg.MetadataValue.md("```\n" + "\n".join(lines) + "\n```")
 
 
@@ -118,12 +128,37 @@ class BakeResource(dg.ConfigurableResource):
         )
 
     # ---- the build ----
-    def materialize(self, context: dg.AssetExecutionContext, target: str) -> dg.MaterializeResult:
+    def materialize(
+        self, context: dg.AssetExecutionContext, target: str, registry: RegistryResource
+    ) -> dg.MaterializeResult:
         graph = self.graph()
+        # Before placement and bake: a missing input fails here, not at step 1 of a build.
+        preflight_run(context, registry, graph)
         fleet = self.fleet()
         partition = context.partition_key if target in graph.per_arch else None
-        arch = graph.build_arch(target, partition or graph.arches[0])
         node, jobs = self.claim_node(context, fleet, target)
+        inv, result = self.bake(context, graph, target, partition, node, jobs)
+        summary = metadata_summary(inv, result, node.name)
+        summary["tags"] = summary["tags"] or list(graph.tags(target, inv.arch))
+        metadata = {
+            **{k: v for k, v in summary.items() if k not in ("started_at", "finished_at", "tags")},
+            "tags": dg.MetadataValue.json(summary["tags"]),
+            "started_at": dg.MetadataValue.timestamp(summary["started_at"]),
+            "finished_at": dg.MetadataValue.timestamp(summary["finished_at"]),
+        }
+        return dg.MaterializeResult(metadata=metadata, data_version=dg.DataVersion(result.digest))
+
+    def bake(
+        self,
+        context: dg.AssetExecutionContext | dg.AssetCheckExecutionContext,
+        graph: BakeGraph,
+        target: str,
+        partition: str | None,
+        node: Node,
+        jobs: int,
+    ) -> tuple[BakeInvocation, BuildResult]:
+        """One bake of `target` for `partition` on `node`, its output streamed to the run log."""
+        arch = graph.build_arch(target, partition or graph.arches[0])
         with tempfile.TemporaryDirectory(prefix="rocm-bake-") as tmp:
             inv = bake_invocation(
                 bake_file=graph.path,
@@ -132,7 +167,7 @@ class BakeResource(dg.ConfigurableResource):
                 partition=partition,
                 builder=node.builder,
                 max_jobs=jobs,
-                run_id=context.run_id,
+                run_id=context.run.run_id,
                 metadata_file=Path(tmp) / "metadata.json",
                 base_env=os.environ,
                 docker=self.docker,
@@ -144,18 +179,10 @@ class BakeResource(dg.ConfigurableResource):
             except BuildError as exc:
                 metadata = {"command": dg.MetadataValue.text(inv.command()), "node": node.name}
                 if exc.log_tail:
-                    metadata["log_tail"] = _md_block(exc.log_tail)
+                    metadata["log_tail"] = md_block(exc.log_tail)
                 if exc.history_ref:
                     metadata["history_ref"] = dg.MetadataValue.text(exc.history_ref)
                 raise dg.Failure(
                     description=f"{target} ({arch}) on {node.name}: {exc}", metadata=metadata
                 ) from None
-        summary = metadata_summary(inv, result, node.name)
-        summary["tags"] = summary["tags"] or list(graph.tags(target, arch))
-        metadata = {
-            **{k: v for k, v in summary.items() if k not in ("started_at", "finished_at", "tags")},
-            "tags": dg.MetadataValue.json(summary["tags"]),
-            "started_at": dg.MetadataValue.timestamp(summary["started_at"]),
-            "finished_at": dg.MetadataValue.timestamp(summary["finished_at"]),
-        }
-        return dg.MaterializeResult(metadata=metadata, data_version=dg.DataVersion(result.digest))
+        return inv, result

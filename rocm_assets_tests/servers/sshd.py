@@ -2,7 +2,8 @@
 
 What is real: Debian's /usr/sbin/sshd, its key exchange and host key, public-key login as the
 current user (root in CI), and the probe's POSIX sh script running under it.
-What is canned, per node: /proc/meminfo, the two /proc/stat samples, `nproc` and `docker`.
+What is canned, per node: /proc/meminfo, the two /proc/stat samples, `nproc` and `docker`
+(`buildx inspect` for the node's builders; `run` echoes its arguments and exits as canned).
 sshd's `Match LocalPort` blocks give each port its own `SetEnv PROC_ROOT=... PATH=...`, so the
 probe reads `$PROC_ROOT/meminfo` and `$PROC_ROOT/stat` (real nodes leave PROC_ROOT unset and
 read /proc) and finds that node's fake `nproc` and `docker` first on PATH.
@@ -47,6 +48,8 @@ class CannedNode:
     builders: tuple[str, ...]
     # The fake `docker buildx inspect` never returns, to exercise the command timeout.
     docker_hangs: bool = False
+    # What the fake `docker run` exits with, after echoing its arguments and a log line.
+    docker_run_exit: int = 0
 
 
 def _cpu_line(user: int, system: int, idle: int, iowait: int) -> str:
@@ -69,6 +72,7 @@ CANNED_NODES: tuple[CannedNode, ...] = (
         nproc=16,
         stat=(_cpu_line(5000, 1000, 2000, 0), _cpu_line(6000, 1200, 2400, 0)),
         builders=("small-builder",),
+        docker_run_exit=1,
     ),
     CannedNode(
         name="stuck",
@@ -172,7 +176,13 @@ def _fake_docker(node: CannedNode) -> str:
     known = "|".join(node.builders)
     return (
         "#!/bin/sh\n"
-        "# Answers `docker buildx inspect <builder>` for this node's builders only.\n"
+        "# `docker run` echoes one argument per line, logs to stderr and exits as canned;\n"
+        "# `docker buildx inspect <builder>` answers for this node's builders only.\n"
+        'if [ "$1" = run ]; then\n'
+        '    shift; for a in "$@"; do echo "arg: $a"; done\n'
+        f'    echo "{node.name}: test log, exit {node.docker_run_exit}" >&2\n'
+        f"    exit {node.docker_run_exit}\n"
+        "fi\n"
         '[ "$1" = buildx ] && [ "$2" = inspect ] || exit 2\n'
         f'case "$3" in {known}) exit 0 ;; esac\n'
         "exit 1\n"
