@@ -25,3 +25,57 @@ test: setup
 
 lint: setup
 	$(BIN)/python -m ruff check .
+
+# ---- The seed's targets, as thin calls into Dagster and rocm-assets ----------------------------
+# push-all, push-wheels, push-pytorch, push-runtime and gpu-test launch a backfill through the
+# webserver's GraphQL API (`rocm-assets backfill`), so the UI must be up (`make dev`, or a
+# deployment at DAGSTER_URL). The coordinator places each build on the pool, one run per build,
+# started once its inputs are pushed, so the seed's `BUILDER=snoc-pool` is accepted and not needed.
+# ARCH is the GPU arches to build, space-separated; it defaults to $GPU_ARCH. Each target runs
+# $(BIN)/rocm-assets, which `make setup` installs.
+#
+# Env-only settings. Bake reads PUBLISHED_INPUTS, SCCACHE_LOG, RUN_ID, CACHE_TAG_SUFFIX and the
+# SDE_* pins from its environment, so they are not make variables here: write
+# `SCCACHE_LOG=debug make build-all BUILDER=snoc-think`, not `make build-all ... SCCACHE_LOG=debug`.
+# build-all's bake inherits them from the caller unchanged. The push-* and gpu-test builds run in
+# Dagster's run workers, which inherit the environment `make dev` was started with: set them
+# there. Those builds always bake with PUBLISHED_INPUTS=1 and RUN_ID=<run id>; build-all refuses
+# PUBLISHED_INPUTS=1.
+ARCH ?= $(GPU_ARCH)
+GROUP ?= default
+DAGSTER_URL ?= http://127.0.0.1:3000
+ROCM_ASSETS = $(BIN)/rocm-assets
+BACKFILL = $(ROCM_ASSETS) backfill --url $(DAGSTER_URL)
+ARCHES = --arch $(or $(strip $(ARCH)),$(error make $@: set ARCH=<arch ...> (or GPU_ARCH): the GPU arches to build))
+
+.PHONY: push-all push-wheels push-pytorch push-runtime gpu-test build-all watch
+
+# The default group for ARCH, scheduled over the pool and published: the usual way to build.
+push-all:
+	$(BACKFILL) --group default $(ARCHES)
+
+# Just the wheel artifacts: the wheels group.
+push-wheels:
+	$(BACKFILL) --group wheels $(ARCHES)
+
+# The pytorch image alone.
+push-pytorch:
+	$(BACKFILL) --targets pytorch $(ARCHES)
+
+# pytorch-run is in no group (no node has a GPU to exercise it): only its own job builds it.
+push-runtime:
+	$(BACKFILL) --job pytorch_run_job $(ARCHES)
+
+# The seed's `make test`: pytorch-test on a fleet node with each arch's GPU, as pytorch's check.
+gpu-test:
+	$(BACKFILL) --job pytorch_test_job $(ARCHES)
+
+# GROUP (default: default) on ONE builder in one bake: contexts resolve in-process, nothing is
+# pushed. BUILDER must be one node's builder in the fleet file; the pool is refused, because
+# every target would be its own bake and stage 2 would build against whatever is in the registry.
+build-all:
+	$(ROCM_ASSETS) build-all --builder $(or $(BUILDER),$(error make build-all: set BUILDER=<one node's builder in fleet.yaml>)) --group $(GROUP) $(if $(strip $(ARCH)),--arch $(ARCH))
+
+# The farm live: a line per node, then the queue; Ctrl-C ends it. ONCE=1 prints one frame.
+watch:
+	$(ROCM_ASSETS) watch --url $(DAGSTER_URL) $(if $(ONCE),--once)

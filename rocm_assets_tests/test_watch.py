@@ -1,0 +1,363 @@
+"""rocm-assets watch on a real Dagster instance (SQLite) with build runs in progress.
+
+Real parts: `instance_for_test` storage; runs carry the coordinator's tags and are started through
+the instance's event API (a RUN_START event sets a run's start time, as a run worker's does); the
+`rocm-assets` CLI runs in a subprocess for `--once`, for Ctrl-C (SIGINT) and on a pseudo-terminal.
+Frames rendered in-process take `now` as an argument, so elapsed and remaining times are exact.
+"""
+
+import os
+import pty
+import select
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from datetime import UTC, datetime
+from pathlib import Path
+
+import dagster as dg
+import pytest
+from dagster._core.events import DagsterEvent, DagsterEventType
+from dagster._core.remote_origin import (
+    RegisteredCodeLocationOrigin,
+    RemoteJobOrigin,
+    RemoteRepositoryOrigin,
+)
+from dagster._core.test_utils import create_run_for_test, instance_for_test
+
+from rocm_assets.build import build_name
+from rocm_assets.constants import (
+    FANOUT_PARENT,
+    PLACEMENT_PLACED,
+    PLACEMENT_WAITING,
+    ROCM_BUILD_TAG,
+    ROCM_EST_FINISH_TAG,
+    ROCM_EST_START_TAG,
+    ROCM_FANOUT_TAG,
+    ROCM_NODE_TAG,
+    ROCM_PLACEMENT_TAG,
+    ROCM_WAITING_FOR_TAG,
+)
+from rocm_assets.fleet import load_fleet
+from rocm_assets.watch import duration, frame
+from rocm_assets_tests.conftest import PROJECT_ROOT
+
+FLEET = """
+nodes:
+  - {name: big, builder: big, cores: 32, mem_gb: 122, link_mbps: 1000}
+  - {name: small, builder: small, cores: 16, mem_gb: 15, link_mbps: 40}
+  - {name: mid, builder: mid, cores: 24, mem_gb: 64, link_mbps: 500}
+  - {name: spare, builder: spare, cores: 8, mem_gb: 32, link_mbps: 40}
+target_costs:
+  reference: {cores: 32, mem_gb: 122}
+"""
+URL = "http://127.0.0.1:3000"
+# Queued runs need an origin; the code location itself is not needed to read them back.
+REPOSITORY = RemoteRepositoryOrigin(RegisteredCodeLocationOrigin("rocm_assets"), "__repository__")
+# Long enough that no test frame is drawn twice before the test reads the first one.
+_READ_TIMEOUT_S = 60.0
+
+
+def _iso(ts: float) -> str:
+    return datetime.fromtimestamp(ts, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+@pytest.fixture
+def fleet_file(tmp_path: Path) -> Path:
+    path = tmp_path / "fleet.yaml"
+    path.write_text(FLEET)
+    return path
+
+
+@pytest.fixture
+def home(tmp_path: Path) -> Path:
+    path = tmp_path / "dagster_home"
+    path.mkdir()
+    return path
+
+
+@pytest.fixture
+def instance(home: Path) -> Iterator[dg.DagsterInstance]:
+    with instance_for_test(temp_dir=str(home)) as instance:
+        yield instance
+
+
+def add_build(
+    instance: dg.DagsterInstance, build: str, tags: dict[str, str] | None = None
+) -> dg.DagsterRun:
+    target, _, arch = build.partition("@")
+    all_tags = {ROCM_BUILD_TAG: build, **({"dagster/partition": arch} if arch else {})}
+    return create_run_for_test(
+        instance,
+        job_name="__ASSET_JOB",
+        status=dg.DagsterRunStatus.QUEUED,
+        remote_job_origin=RemoteJobOrigin(REPOSITORY, "__ASSET_JOB"),
+        asset_selection=frozenset({dg.AssetKey(target)}),
+        tags={**all_tags, **(tags or {})},
+    )
+
+
+def start(instance: dg.DagsterInstance, run: dg.DagsterRun, est_s: float | None) -> float:
+    """Start `run` now; tag its estimate as the coordinator does; its recorded start time."""
+    instance.report_dagster_event(
+        DagsterEvent(DagsterEventType.RUN_START.value, job_name=run.job_name, message="started"),
+        run_id=run.run_id,
+    )
+    record = instance.get_run_record_by_id(run.run_id)
+    assert record is not None and record.start_time is not None
+    if est_s is not None:
+        instance.add_run_tags(
+            run.run_id,
+            {
+                ROCM_EST_START_TAG: _iso(record.start_time),
+                ROCM_EST_FINISH_TAG: _iso(record.start_time + est_s),
+            },
+        )
+    return record.start_time
+
+
+def placed(node: str) -> dict[str, str]:
+    return {ROCM_NODE_TAG: node, ROCM_PLACEMENT_TAG: PLACEMENT_PLACED}
+
+
+def waiting(reason: str) -> dict[str, str]:
+    return {ROCM_PLACEMENT_TAG: PLACEMENT_WAITING, ROCM_WAITING_FOR_TAG: reason}
+
+
+@pytest.fixture
+def farm(instance: dg.DagsterInstance) -> dict[str, dg.DagsterRun]:
+    """pytorch on big (2 h estimate), triton-wheel on small (overdue), vllm placed on mid, a queue."""
+    runs = {
+        "pytorch": add_build(instance, "pytorch@gfx942", placed("big")),
+        "triton": add_build(instance, "triton-wheel", placed("small")),
+        "vllm": add_build(instance, "vllm@gfx1100", placed("mid")),
+        "lmcache": add_build(instance, "lmcache-wheel@gfx942", waiting("waits for lmcache@gfx942")),
+        "aiter": add_build(
+            instance, "aiter-wheel@gfx942", waiting("no free node (planned on big at +5400s)")
+        ),
+        # A request split into one run per build: it takes no node and is no build.
+        "parent": create_run_for_test(
+            instance,
+            job_name="serving",
+            status=dg.DagsterRunStatus.QUEUED,
+            remote_job_origin=RemoteJobOrigin(REPOSITORY, "serving"),
+            tags={ROCM_FANOUT_TAG: FANOUT_PARENT, "dagster/partition": "gfx942"},
+        ),
+    }
+    instance.add_run_tags(
+        runs["vllm"].run_id,
+        {ROCM_EST_START_TAG: _iso(time.time()), ROCM_EST_FINISH_TAG: _iso(time.time() + 1800)},
+    )
+    return runs
+
+
+def test_a_frame_shows_each_node_and_the_queue(
+    instance: dg.DagsterInstance, farm: dict[str, dg.DagsterRun], fleet_file: Path
+) -> None:
+    began = start(instance, farm["pytorch"], est_s=7200)
+    triton_began = start(instance, farm["triton"], est_s=600)
+    start(instance, farm["parent"], est_s=None)
+    now = began + 1800
+    lines = frame(instance, load_fleet(fleet_file), now, URL)
+
+    header, *rest = lines
+    assert "nodes busy 3/4" in header
+    assert "queued 2" in header
+    assert "other runs 1" in header
+    assert f"{URL}/runs" in header
+    node_lines = {line.split()[0]: line for line in rest[:4]}
+    assert list(node_lines) == ["big", "small", "mid", "spare"]
+
+    pytorch = farm["pytorch"].run_id
+    big = node_lines["big"].split()
+    assert big[:5] == ["big", "pytorch", "gfx942", pytorch[:8], "30m00s"]
+    assert "~1h30m left" in node_lines["big"]
+    assert "[#####...............]  25%" in node_lines["big"]
+    assert node_lines["big"].endswith(build_name("pytorch", "gfx942", pytorch))
+    assert node_lines["big"].endswith(f"rocm-pytorch-build/pytorch/gfx942/{pytorch}")
+
+    triton = farm["triton"].run_id
+    assert node_lines["small"].split()[:4] == ["small", "triton-wheel", "noarch", triton[:8]]
+    assert node_lines["small"].split()[4:7] == [
+        duration(now - triton_began),
+        duration(now - triton_began - 600),
+        "over",
+    ]
+    assert "[####################] 100%" in node_lines["small"]
+    assert node_lines["small"].endswith(f"rocm-pytorch-build/triton-wheel/noarch/{triton}")
+
+    # Placed and not yet started by the daemon.
+    assert node_lines["mid"].split()[:5] == [
+        "mid",
+        "vllm",
+        "gfx1100",
+        farm["vllm"].run_id[:8],
+        "starting",
+    ]
+    assert node_lines["spare"].split() == ["spare", "idle"]
+
+    queue = rest[4:]
+    assert queue[0] == "queue (2 waiting):"
+    lmcache, aiter_wheel = queue[1:]
+    assert lmcache.split()[:2] == ["lmcache-wheel@gfx942", farm["lmcache"].run_id[:8]]
+    assert "waits for lmcache@gfx942" in lmcache
+    assert lmcache.endswith(build_name("lmcache-wheel", "gfx942", farm["lmcache"].run_id))
+    assert "no free node (planned on big at +5400s)" in aiter_wheel
+    assert len(queue) == 3
+
+
+def test_two_builds_on_one_node_are_both_shown(
+    instance: dg.DagsterInstance, fleet_file: Path
+) -> None:
+    first = add_build(instance, "pytorch@gfx942", placed("big"))
+    second = add_build(instance, "pytorch@gfx950", placed("big"))
+    began = start(instance, first, est_s=None)
+    start(instance, second, est_s=None)
+    lines = frame(instance, load_fleet(fleet_file), began + 5, URL)
+    on_big = [line for line in lines if line.split()[0] == "big"]
+    assert [line.split()[3] for line in on_big] == [first.run_id[:8], second.run_id[:8]]
+    # No estimate: the time left and the bar say so rather than guess.
+    assert all("[????????????????????]    ?" in line for line in on_big)
+    assert "queue (0 waiting)" in lines
+
+
+def _cli_env(home: Path, fleet_file: Path) -> dict[str, str]:
+    env = dict(os.environ)
+    env.update(
+        DAGSTER_HOME=str(home),
+        ROCM_FLEET_FILE=str(fleet_file),
+        PYTHONPATH=os.pathsep.join(p for p in [str(PROJECT_ROOT), env.get("PYTHONPATH")] if p),
+    )
+    return env
+
+
+def _watch_argv(*extra: str) -> list[str]:
+    return [sys.executable, "-m", "rocm_assets.cli", "watch", "--url", URL, *extra]
+
+
+def test_once_prints_one_frame(
+    instance: dg.DagsterInstance,
+    farm: dict[str, dg.DagsterRun],
+    home: Path,
+    fleet_file: Path,
+) -> None:
+    start(instance, farm["pytorch"], est_s=7200)
+    out = subprocess.run(
+        _watch_argv("--once"),
+        env=_cli_env(home, fleet_file),
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert out.returncode == 0, out.stderr
+    assert out.stderr == ""
+    lines = out.stdout.splitlines()
+    assert lines[0].startswith("rocm-assets watch")
+    assert "\x1b" not in out.stdout
+    pytorch = farm["pytorch"].run_id
+    assert any(
+        line.split()[:4] == ["big", "pytorch", "gfx942", pytorch[:8]]
+        and line.endswith(f"rocm-pytorch-build/pytorch/gfx942/{pytorch}")
+        for line in lines
+    )
+    assert "queue (2 waiting):" in lines
+    assert lines[-1].endswith(build_name("aiter-wheel", "gfx942", farm["aiter"].run_id))
+
+
+def test_ctrl_c_ends_watch_cleanly(
+    instance: dg.DagsterInstance, farm: dict[str, dg.DagsterRun], home: Path, fleet_file: Path
+) -> None:
+    proc = subprocess.Popen(
+        _watch_argv("--interval", "0.2"),
+        env=_cli_env(home, fleet_file),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert proc.stdout is not None
+        # Two headers: watch is past start-up and in its loop.
+        seen: list[str] = []
+        while sum(line.startswith("rocm-assets watch") for line in seen) < 2:
+            line = proc.stdout.readline()
+            assert line, f"watch ended early: {proc.stderr.read() if proc.stderr else ''}"
+            seen.append(line)
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=_READ_TIMEOUT_S)
+        out = "".join(seen) + out
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 0
+    assert err == ""
+    # Frames on a pipe are plain lines, one blank line apart.
+    assert "\x1b" not in out
+    assert "\n\nrocm-assets watch" in out
+
+
+def _read_until(fd: int, wanted: bytes, count: int) -> bytes:
+    data = b""
+    deadline = time.monotonic() + _READ_TIMEOUT_S
+    while data.count(wanted) < count:
+        remaining = deadline - time.monotonic()
+        assert remaining > 0, f"no {count} x {wanted!r} from watch on a tty; got {data[-500:]!r}"
+        ready, _, _ = select.select([fd], [], [], remaining)
+        if ready:
+            data += os.read(fd, 65536)
+    return data
+
+
+def _drain(fd: int, proc: subprocess.Popen[bytes]) -> None:
+    """Read the terminal until watch exits, so a full pty buffer never blocks its last frame."""
+    deadline = time.monotonic() + _READ_TIMEOUT_S
+    while proc.poll() is None and time.monotonic() < deadline:
+        ready, _, _ = select.select([fd], [], [], 0.1)
+        if ready:
+            try:
+                os.read(fd, 65536)
+            except OSError:  # EIO: the child closed its end
+                return
+
+
+def test_on_a_terminal_it_redraws_in_place(
+    instance: dg.DagsterInstance, farm: dict[str, dg.DagsterRun], home: Path, fleet_file: Path
+) -> None:
+    leader, follower = pty.openpty()
+    proc = subprocess.Popen(
+        _watch_argv("--interval", "0.2"),
+        env=_cli_env(home, fleet_file),
+        stdout=follower,
+        stderr=subprocess.PIPE,
+        stdin=subprocess.DEVNULL,
+    )
+    os.close(follower)
+    try:
+        screen = _read_until(leader, b"\x1b[H\x1b[J", 2)
+        proc.send_signal(signal.SIGINT)
+        _drain(leader, proc)
+        _, err = proc.communicate(timeout=_READ_TIMEOUT_S)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        os.close(leader)
+    assert proc.returncode == 0
+    assert err == b""
+    frames = screen.split(b"\x1b[H\x1b[J")[1:]
+    assert frames[0].startswith(b"rocm-assets watch")
+    assert b"lmcache-wheel@gfx942" in frames[0]
+
+
+def test_without_dagster_home_it_says_so(fleet_file: Path) -> None:
+    env = _cli_env(Path(), fleet_file)
+    env.pop("DAGSTER_HOME")
+    out = subprocess.run(
+        _watch_argv("--once"), env=env, capture_output=True, text=True, timeout=120, check=False
+    )
+    assert out.returncode == 2
+    assert out.stderr.count("\n") == 1
+    assert "DAGSTER_HOME is not set" in out.stderr
