@@ -12,9 +12,15 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from rocm_assets import backfill, buildall, watch
+from rocm_assets import backfill, buildall
 from rocm_assets.bake import BakeError, BakeGraph, check_drift, load_graph
-from rocm_assets.constants import DEFAULT_GROUP, FLEET_FILE_ENV, REGISTRY_URL_ENV, REGISTRY_VAR
+from rocm_assets.constants import (
+    DEFAULT_DAGSTER_URL,
+    DEFAULT_GROUP,
+    FLEET_FILE_ENV,
+    REGISTRY_URL_ENV,
+    REGISTRY_VAR,
+)
 from rocm_assets.fleet import (
     Fleet,
     FleetError,
@@ -361,6 +367,13 @@ def _add_bake_file(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def cmd_watch(args: argparse.Namespace) -> int:
+    # Only this command reads the Dagster instance: the others start without importing dagster.
+    from rocm_assets.watch import cmd_watch as watch
+
+    return watch(args)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="rocm-assets", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -438,7 +451,22 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_bench)
 
     backfill.add_parser(sub)
-    watch.add_parser(sub)
+    p = sub.add_parser(
+        "watch",
+        help="follow the farm live: a line per node, then the queue",
+        description="Follow the farm from the Dagster instance in $DAGSTER_HOME.",
+    )
+    p.add_argument(
+        "--interval", type=float, default=2.0, metavar="S", help="seconds between frames"
+    )
+    p.add_argument("--once", action="store_true", help="print one frame and exit")
+    p.add_argument("--fleet", help="fleet file (default: $ROCM_FLEET_FILE, else ./fleet.yaml)")
+    p.add_argument(
+        "--url",
+        default=DEFAULT_DAGSTER_URL,
+        help=f"the Dagster UI, linked in the header (default: {DEFAULT_DAGSTER_URL})",
+    )
+    p.set_defaults(func=cmd_watch)
     buildall.add_parser(sub)
     return parser
 

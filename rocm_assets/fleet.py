@@ -19,16 +19,17 @@ from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import paramiko
 import yaml
-from fabric import Connection
-from invoke.exceptions import CommandTimedOut
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 from pydantic_core import PydanticCustomError
 
 from rocm_assets.constants import DEFAULT_FLEET_FILE, FLEET_FILE_ENV, SSH_KNOWN_HOSTS_ENV
+
+if TYPE_CHECKING:
+    import paramiko
+    from fabric import Connection
 
 logger = logging.getLogger(__name__)
 
@@ -459,6 +460,9 @@ def _probe_over_ssh(
     known_hosts: Sequence[Path],
     probed_at: float,
 ) -> NodeProbe:
+    import paramiko
+    from invoke.exceptions import CommandTimedOut
+
     with _connection(
         node, timeout_s=timeout_s, connect_kwargs=connect_kwargs, known_hosts=known_hosts
     ) as conn:
@@ -489,7 +493,7 @@ def _connection(
     timeout_s: float,
     connect_kwargs: Mapping[str, Any],
     known_hosts: Iterable[Path],
-) -> Iterator[Connection]:
+) -> "Iterator[Connection]":
     """A fabric connection to `node` with every phase bounded and host keys checked; closed after.
 
     fabric connects lazily, so connection errors surface from the first `run`: map them with
@@ -502,6 +506,8 @@ def _connection(
         "auth_timeout": timeout_s,
         "channel_timeout": timeout_s,
     }
+    from fabric import Connection  # paramiko and fabric load only when a node is reached
+
     conn = Connection(node.ssh, connect_kwargs=bounded)
     # fabric truncates connect_timeout to an int and refuses it alongside connect_kwargs["timeout"];
     # the float bound above is the one that applies.
@@ -513,8 +519,10 @@ def _connection(
         conn.close()
 
 
-def _ssh_failure(node: Node, exc: paramiko.SSHException | OSError, timeout_s: float) -> str:
+def _ssh_failure(node: Node, exc: "paramiko.SSHException | OSError", timeout_s: float) -> str:
     """The one-line reason for an SSH connection or channel failure."""
+    import paramiko
+
     # Order matters: the paramiko errors subclass SSHException, the socket ones OSError.
     if isinstance(exc, paramiko.BadHostKeyException):
         return f"host key of {node.ssh} does not match known_hosts"
@@ -529,7 +537,10 @@ def _ssh_failure(node: Node, exc: paramiko.SSHException | OSError, timeout_s: fl
     return f"ssh connect to {node.ssh} failed: {exc.strerror or exc}"
 
 
-def _check_host_keys(conn: Connection, known_hosts: Iterable[Path]) -> None:
+def _check_host_keys(conn: "Connection", known_hosts: Iterable[Path]) -> None:
+    import paramiko
+    from fabric import Connection
+
     # fabric installs AutoAddPolicy by default; a probe must refuse hosts it does not know.
     conn.client.set_missing_host_key_policy(paramiko.RejectPolicy())
     for path in known_hosts:
@@ -539,7 +550,7 @@ def _check_host_keys(conn: Connection, known_hosts: Iterable[Path]) -> None:
         _check_host_keys(conn.gateway, known_hosts)
 
 
-def _ssh_reason(node: Node, exc: paramiko.SSHException, timeout_s: float) -> str:
+def _ssh_reason(node: Node, exc: "paramiko.SSHException", timeout_s: float) -> str:
     text = _one_line(str(exc))
     if "not found in known_hosts" in text:
         return f"host key of {node.ssh} not in known_hosts"
@@ -687,6 +698,9 @@ def run_on_node(
     Raises:
         NodeCommandError: the node has no ssh address, or the connection failed.
     """
+    import paramiko
+    from invoke.exceptions import CommandTimedOut
+
     command = shlex.join(argv)
     if node.ssh is None:
         raise NodeCommandError(f"node {node.name} has no ssh address in the fleet file")

@@ -16,14 +16,12 @@ import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any
 
 import dagster as dg
 from dagster._core.storage.tags import PARTITION_NAME_TAG
 
 from rocm_assets.build import build_name
 from rocm_assets.constants import (
-    DEFAULT_DAGSTER_URL,
     FANOUT_PARENT,
     PLACEMENT_WAITING,
     ROCM_BUILD_TAG,
@@ -255,23 +253,3 @@ def cmd_watch(args: argparse.Namespace) -> int:
         )
         return EXIT_ERROR
     return EXIT_OK
-
-
-def add_parser(subparsers: Any) -> None:
-    """Register `watch` on the `rocm-assets` subcommand parser."""
-    p = subparsers.add_parser(
-        "watch",
-        help="follow the farm live: a line per node, then the queue",
-        description="Follow the farm from the Dagster instance in $DAGSTER_HOME.",
-    )
-    p.add_argument(
-        "--interval", type=float, default=2.0, metavar="S", help="seconds between frames"
-    )
-    p.add_argument("--once", action="store_true", help="print one frame and exit")
-    p.add_argument("--fleet", help="fleet file (default: $ROCM_FLEET_FILE, else ./fleet.yaml)")
-    p.add_argument(
-        "--url",
-        default=DEFAULT_DAGSTER_URL,
-        help=f"the Dagster UI, linked in the header (default: {DEFAULT_DAGSTER_URL})",
-    )
-    p.set_defaults(func=cmd_watch)
