@@ -49,7 +49,6 @@ def make(
         ("push-wheels", f"backfill --url {URL} --group wheels --arch gfx942 gfx1100"),
         ("push-pytorch", f"backfill --url {URL} --targets pytorch --arch gfx942 gfx1100"),
         ("push-runtime", f"backfill --url {URL} --job pytorch_run_job --arch gfx942 gfx1100"),
-        ("gpu-test", f"backfill --url {URL} --job pytorch_test_job --arch gfx942 gfx1100"),
         ("watch", f"watch --url {URL}"),
     ],
 )
@@ -182,3 +181,21 @@ def test_push_all_reaches_the_webserver_or_says_why() -> None:
     assert len(errors) == 1
     assert errors[0].startswith(f"rocm-assets: error: cannot reach the Dagster webserver at {url}")
     assert "(start it with `make dev`, or pass --url)" in errors[0]
+
+
+def test_gpu_test_queues_one_check_run_per_arch(tmp_path: Path) -> None:
+    """`make gpu-test` through the real `dagster job launch` into a real (SQLite) instance."""
+    import dagster as dg
+
+    home = tmp_path / "home"
+    home.mkdir()
+    env = clean_env({**os.environ, "DAGSTER_HOME": str(home)})
+    out = make("gpu-test", "ARCH=gfx942 gfx1100", env=env)
+    assert out.returncode == 0, out.stderr
+    from dagster._core.instance.ref import InstanceRef
+
+    with dg.DagsterInstance.from_ref(InstanceRef.from_dir(str(home))) as instance:
+        runs = instance.get_runs(dg.RunsFilter(job_name="pytorch_test_job"))
+        assert sorted(r.tags["dagster/partition"] for r in runs) == ["gfx1100", "gfx942"]
+        assert all(r.status == dg.DagsterRunStatus.QUEUED for r in runs)
+        assert all(not r.asset_selection for r in runs)  # a check run builds nothing
