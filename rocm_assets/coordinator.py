@@ -92,7 +92,8 @@ def _iso(ts: float) -> str:
     return datetime.fromtimestamp(ts, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
-def _from_iso(text: str | None) -> float | None:
+def from_iso(text: str | None) -> float | None:
+    """Epoch seconds from an `rocm/est_*` tag; None when absent or unreadable."""
     if not text:
         return None
     try:
@@ -483,7 +484,7 @@ class PlacementRunCoordinator(dg.QueuedRunCoordinator):
             if node in node_names:
                 # A run that placed itself (`dagster asset materialize`) has no build tag.
                 builds = [build] if build else self._builds_of(run, graph)
-                end = _from_iso(tags.get(ROCM_EST_FINISH_TAG))
+                end = from_iso(tags.get(ROCM_EST_FINISH_TAG))
                 if end is None:
                     host = fleet.node(node)
                     work = sum(

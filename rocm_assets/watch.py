@@ -32,7 +32,7 @@ from rocm_assets.constants import (
     ROCM_PLACEMENT_TAG,
     ROCM_WAITING_FOR_TAG,
 )
-from rocm_assets.coordinator import parse_build
+from rocm_assets.coordinator import from_iso, parse_build
 from rocm_assets.fleet import Fleet, load_fleet
 
 EXIT_OK, EXIT_ERROR = 0, 2
@@ -46,14 +46,6 @@ _IN_FLIGHT = [
 # Home, then clear to the end of the screen: the new frame overwrites the old without flicker.
 _REDRAW = "\x1b[H\x1b[J"
 
-
-def _parse_time(text: str | None) -> float | None:
-    if not text:
-        return None
-    try:
-        return datetime.strptime(text, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=UTC).timestamp()
-    except ValueError:
-        return None
 
 
 def duration(seconds: float) -> str:
@@ -109,8 +101,8 @@ class BuildRun:
             arch = tags.get(PARTITION_NAME_TAG)
         else:
             return None
-        est_start = _parse_time(tags.get(ROCM_EST_START_TAG))
-        est_finish = _parse_time(tags.get(ROCM_EST_FINISH_TAG))
+        est_start = from_iso(tags.get(ROCM_EST_START_TAG))
+        est_finish = from_iso(tags.get(ROCM_EST_FINISH_TAG))
         started = record.start_time
         expected_end = est_finish
         if est_finish is not None and est_start is not None and started is not None:
