@@ -1,0 +1,501 @@
+"""The simulator, `rocm-assets bench`, the dry run `rocm-assets plan`, `best`, and Gantt charts.
+
+Real parts: the CLI runs as a subprocess on the shipped rocm-bake.hcl and fleet.yaml (and on a
+random fleet file written here); OR-Tools CP-SAT solves; matplotlib draws real SVG/PNG/HTML
+files. `best` and `plan --probe` probe Debian's OpenSSH sshd started by the `sshd_server`
+fixture (canned /proc per node, real key exchange and host-key checks), plus a loopback port
+nothing listens on. Sizes are CI-sized (`bench --quick --instances 2`); nothing asserts a time.
+"""
+
+import itertools
+import json
+import os
+import random
+import shutil
+import socket
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from rocm_assets import bench
+from rocm_assets.bake import load_graph
+from rocm_assets.coordinator import build_deps, builds_for
+from rocm_assets.gantt import GanttError, write_gantt
+from rocm_assets.placement import Build, CostModel, Problem, plan
+from rocm_assets_tests.conftest import PROJECT_ROOT
+from rocm_assets_tests.servers.sshd import SshdServer
+from rocm_assets_tests.test_placement import (
+    FakeCost,
+    FakeFleet,
+    FakeNode,
+    random_problem,
+    seed_builds,
+)
+
+SHIPPED_FLEET = PROJECT_ROOT / "fleet.yaml"
+
+
+def cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "rocm_assets.cli", *args],
+        cwd=PROJECT_ROOT,
+        capture_output=True,
+        text=True,
+        env=env,
+        check=False,
+        timeout=600,
+    )
+
+
+# --- the simulator ---------------------------------------------------------------------------
+
+
+def test_online_greedy_with_locality_replays_the_static_greedy_plan() -> None:
+    # The seed's rule needs only the present: deciding at every event reproduces its plan.
+    rng = random.Random(3)
+    for case in range(20):
+        p = random_problem(rng)
+        problem = Problem(p.builds, p.deps, p.nodes, p.cost)
+        simulated = bench.simulate(problem, bench.online(problem, "greedy", locality=True), "g")
+        assert simulated.makespan_s == pytest.approx(plan(problem, "greedy").makespan_s), case
+
+
+def test_a_followed_plan_keeps_its_nodes_and_makespan() -> None:
+    rng = random.Random(4)
+    for case in range(20):
+        p = random_problem(rng)
+        problem = Problem(p.builds, p.deps, p.nodes, p.cost)
+        static = plan(problem, "peft")
+        followed = bench.simulate(problem, bench.follow(problem, static), "peft")
+        assert {(a.build, a.node) for a in followed.assignments} == {
+            (a.build, a.node) for a in static.assignments
+        }, case
+        assert followed.makespan_s <= static.makespan_s + 1e-6, case
+
+
+def test_simulator_refuses_a_policy_that_breaks_the_farm_rules() -> None:
+    nodes = (FakeNode("n1"), FakeNode("n2"))
+    a, b = Build("a"), Build("b")
+    deps = {a: frozenset(), b: frozenset({a})}
+    problem = Problem((a, b), deps, nodes, CostModel(FakeFleet(nodes)))
+
+    def too_early(*_: Any) -> list[tuple[Build, str]]:
+        return [(a, "n1"), (b, "n2")]
+
+    def two_on_one(*_: Any) -> list[tuple[Build, str]]:
+        return [(a, "n1"), (Build("a"), "n1")]
+
+    def idle(*_: Any) -> list[tuple[Build, str]]:
+        return []
+
+    with pytest.raises(bench.BenchError, match="before its inputs were pushed"):
+        bench.simulate(problem, too_early, "x")
+    with pytest.raises(bench.BenchError, match="twice or on a busy node"):
+        bench.simulate(problem, two_on_one, "x")
+    with pytest.raises(bench.BenchError, match="stalled at 0s with 2 builds pending"):
+        bench.simulate(problem, idle, "x")
+
+
+def test_run_instance_covers_every_strategy_and_the_baselines() -> None:
+    nodes = (
+        FakeNode("gaming", cores=16, mem_gb=15, link_mbps=100),
+        FakeNode("think", cores=32, mem_gb=122, link_mbps=1000),
+        FakeNode("nuc", cores=8, mem_gb=32, link_mbps=40),
+    )
+    builds, deps = seed_builds(["gfx942", "gfx1100"])
+    fleet = FakeFleet(nodes, {"pytorch": FakeCost(7200, 6), "rocm-runtime": FakeCost(720, 8)})
+    instance = bench.Instance("t", Problem(builds, deps, nodes, CostModel(fleet)), "gaming")
+    outcome = bench.run_instance(instance, 2.0, 1, keep=True)
+    assert set(outcome.makespan_s) == set(bench.ALL_STRATEGIES)
+    assert {a.node for a in outcome.schedules[bench.BUILDX_DEFAULT].assignments} == {"gaming"}
+    assert len({a.node for a in outcome.schedules[bench.SINGLE_BEST].assignments}) == 1
+    spans = outcome.makespan_s
+    assert spans[bench.SINGLE_BEST] <= spans[bench.BUILDX_DEFAULT] + 1e-6
+    assert spans[bench.SOLVER] <= spans[bench.DEFAULT_PLAN] + 1e-6
+    assert outcome.plan_s["default"] <= outcome.plan_s["greedy"] + 1e-6
+    for strategy, span in spans.items():
+        assert span >= outcome.bound_s - 1e-6, strategy
+
+
+# --- rocm-assets bench -----------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def quick_bench(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict[str, Any], Path]:
+    out = tmp_path_factory.mktemp("bench")
+    done = cli("bench", "--quick", "--instances", "2", "--json", "--out", str(out))
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout), out
+
+
+def test_bench_json_schema(quick_bench: tuple[dict[str, Any], Path]) -> None:
+    doc, out = quick_bench
+    assert set(doc) == {
+        "schema",
+        "seed",
+        "quick",
+        "command",
+        "strategies",
+        "solver",
+        "scenarios",
+        "overhead",
+        "targets",
+        "gantt",
+        "wall_s",
+    }
+    assert doc["schema"] == bench.SCHEMA_VERSION and doc["quick"] is True
+    assert doc["strategies"] == list(bench.ALL_STRATEGIES)
+    names = [s["name"] for s in doc["scenarios"]]
+    assert names == [
+        "shipped-1arch",
+        "shipped-5arch",
+        "skewed-1arch",
+        "skewed-5arch",
+        "random-real",
+        "random-dag",
+        "random-proof",
+        "solver-100",
+    ]
+    stats = {
+        "median_s",
+        "worst_s",
+        "median_ratio_lb",
+        "worst_ratio_lb",
+        "median_ratio_greedy",
+        "worst_ratio_greedy",
+        "best_ratio_greedy",
+    }
+    for s in doc["scenarios"]:
+        assert set(s["table"]) == set(bench.ALL_STRATEGIES), s["name"]
+        assert all(set(row) == stats for row in s["table"].values()), s["name"]
+        assert s["table"]["greedy"]["median_ratio_greedy"] == 1.0
+        assert len(s["outcomes"]) == s["instances"]
+        for o in s["outcomes"]:
+            assert o["bound_s"] >= o["lower_bound_s"]
+            assert all(v >= o["bound_s"] - 0.1 for v in o["makespan_s"].values()), o["name"]
+            assert o["plan_makespan_s"]["default"] <= o["plan_makespan_s"]["greedy"] + 0.1
+    (scale,) = doc["scenarios"][-1]["outcomes"]
+    assert scale["builds"] == 100 and scale["nodes"] == 12
+    assert set(doc["targets"]) == {
+        "default_median_ratio_lb",
+        "default_never_worse_than_greedy",
+        "skewed_gain_over_greedy",
+        "solver_100_builds_12_nodes",
+        "decision_ms",
+        "code_location_load_s",
+    }
+    assert all(isinstance(t.get("met", True), bool) for t in doc["targets"].values())
+    decision = doc["overhead"]["placement_decision"]
+    assert decision["queued"] == 1000 and decision["nodes"] == 50
+    load = doc["overhead"]["code_location_load"]
+    assert load["over_import_dagster_s"] == pytest.approx(
+        load["import_module_s"] + load["defs_s"], abs=0.002
+    )
+    # The same document is on disk, with the tables and one chart per strategy and scenario.
+    assert json.loads((out / "bench-results.json").read_text()) == doc
+    tables = (out / "bench-tables.md").read_text()
+    assert all(f"**{name}:" in tables for name in names)
+    charted = [n for n in names if n.startswith(("shipped", "skewed"))]
+    assert len(doc["gantt"]) == len(charted) * len(bench.ALL_STRATEGIES)
+    for rel in doc["gantt"]:
+        assert (out / rel).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", rel
+
+
+# --- rocm-assets plan ------------------------------------------------------------------------
+
+
+def expected_builds(
+    arches: list[str], targets: list[str] | None = None
+) -> dict[Build, frozenset[Build]]:
+    graph = load_graph(PROJECT_ROOT / "rocm-bake.hcl", {})
+    chosen = graph.select(targets or ["default"])
+    return {b: build_deps(graph, b) for b in builds_for(graph, chosen, arches)}
+
+
+def check_plan(data: dict[str, Any], deps: dict[Build, frozenset[Build]]) -> None:
+    """The issue's done-when: every build once, no overlap on a node, no start before a
+    dependency ends, makespan >= lower bound."""
+    assert set(data) >= {"strategy", "makespan_s", "lower_bound_s", "builds"}
+    rows = data["builds"]
+    assert all(set(r) == {"target", "arch", "node", "start_s", "end_s"} for r in rows)
+    placed = [Build(r["target"], r["arch"]) for r in rows]
+    assert sorted(placed) == sorted(deps)
+    at = {Build(r["target"], r["arch"]): r for r in rows}
+    by_node: dict[str, list[dict[str, Any]]] = {}
+    for r in rows:
+        by_node.setdefault(r["node"], []).append(r)
+    for items in by_node.values():
+        items.sort(key=lambda r: r["start_s"])
+        for before, after in itertools.pairwise(items):
+            assert after["start_s"] >= before["end_s"], (before, after)
+    for b, inputs in deps.items():
+        for d in inputs & at.keys():
+            assert at[b]["start_s"] >= at[d]["end_s"], (b, d)
+    assert data["makespan_s"] == max(r["end_s"] for r in rows)
+    assert data["makespan_s"] >= data["lower_bound_s"] > 0
+
+
+def plan_json(*args: str) -> dict[str, Any]:
+    done = cli("plan", "--json", *args)
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout)
+
+
+def test_plan_on_the_shipped_fleet_default_and_greedy() -> None:
+    arches = ["gfx942", "gfx1100"]
+    deps = expected_builds(arches)
+    default = plan_json("--arch", *arches)
+    greedy = plan_json("--arch", *arches, "--strategy", "greedy")
+    for data in (default, greedy):
+        check_plan(data, deps)
+        assert data["must_be_published"] == []
+    assert default["strategy"].startswith("default(")
+    assert default["makespan_s"] <= greedy["makespan_s"]
+
+
+def random_fleet_yaml(rng: random.Random) -> dict[str, Any]:
+    return {
+        "nodes": [
+            {
+                "name": f"box{k}",
+                "builder": f"box{k}-builder",
+                "cores": rng.choice([4, 8, 16, 32, 64]),
+                "mem_gb": float(rng.randint(8, 256)),
+                "link_mbps": float(round(40 * 25 ** rng.random())),
+            }
+            for k in range(rng.randint(2, 7))
+        ],
+        "target_costs": {
+            "reference": {"cores": 16, "mem_gb": 64},
+            # Some targets only: the rest take the stated default.
+            "pytorch": {"seconds": float(rng.randint(1800, 14400)), "size_gb": 5.0},
+            "rocm-runtime": {"seconds": 300.0, "size_gb": float(rng.randint(2, 12))},
+            "vllm": {"seconds": float(rng.randint(300, 3000)), "size_gb": 2.5},
+        },
+    }
+
+
+def test_plan_on_random_fleets_not_in_the_repo(tmp_path: Path) -> None:
+    rng = random.Random(5)
+    for k in range(2):
+        fleet = tmp_path / f"fleet{k}.yaml"
+        fleet.write_text(yaml.safe_dump(random_fleet_yaml(rng)))
+        arches = ["gfx950", "gfx1201", "gfx1250"][: k + 2]
+        deps = expected_builds(arches)
+        default = plan_json("--fleet", str(fleet), "--arch", *arches)
+        greedy = plan_json("--fleet", str(fleet), "--arch", *arches, "--strategy", "greedy")
+        check_plan(default, deps)
+        check_plan(greedy, deps)
+        assert default["makespan_s"] <= greedy["makespan_s"]
+        # noarch triton-wheel builds against the first arch's base, which is not requested.
+        assert [(p["target"], p["arch"]) for p in default["must_be_published"]] == [
+            ("pytorch-base", "gfx942")
+        ]
+
+
+def test_plan_with_the_solver_is_valid_and_reports_its_proof() -> None:
+    deps = expected_builds(["gfx942"], ["pytorch-base", "pytorch", "triton-wheel", "rocm-runtime"])
+    data = plan_json(
+        "--targets", "rocm-runtime", "pytorch-base", "triton-wheel", "pytorch",
+        "--strategy", "solver", "--time-limit", "5",
+    )  # fmt: skip
+    check_plan(data, deps)
+    assert data["strategy"] == "solver"
+    assert data["solver"]["status"] in {"OPTIMAL", "FEASIBLE"}
+    assert data["solver"]["proven_bound_s"] <= data["makespan_s"]
+    # pytorch-src is outside the request: it must already be published.
+    assert [p["target"] for p in data["must_be_published"]] == ["pytorch-src"]
+
+
+def test_plan_one_target_plans_only_it_and_lists_its_published_inputs() -> None:
+    data = plan_json("--targets", "vllm", "--arch", "gfx950")
+    check_plan(data, expected_builds(["gfx950"], ["vllm"]))
+    assert [(b["target"], b["arch"]) for b in data["builds"]] == [("vllm", "gfx950")]
+    published = {(p["target"], p["arch"]): p for p in data["must_be_published"]}
+    assert set(published) == {
+        ("pytorch", "gfx950"),
+        ("triton-wheel", None),
+        ("aiter-wheel", "gfx950"),
+        ("nixl-wheel", "gfx950"),
+        ("lmcache-wheel", "gfx950"),
+        ("torchvision-wheel", "gfx950"),
+    }
+    assert all(p["needed_by"] == ["vllm@gfx950"] for p in published.values())
+    assert published["pytorch", "gfx950"]["image"].endswith("/pytorch:2.15.0-10.1.0-full-gfx950")
+    text = cli("plan", "--targets", "vllm", "--arch", "gfx950")
+    assert text.returncode == 0, text.stderr
+    assert "must already be published: " in text.stdout
+    assert "vllm@gfx950" in text.stdout.splitlines()[1]
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        # A test target is not part of the build graph.
+        (("--targets", "pytorch-test"), "pytorch-test is a test target"),
+        (("--targets", "nope"), "no target 'nope' in rocm-bake.hcl"),
+        (("--group", "all"), "no group 'all' in rocm-bake.hcl"),
+        (("--arch", "gfx9000"), "unknown arch 'gfx9000'"),
+        (("--gantt", "plan.pdf"), "plan.pdf: unknown chart format .pdf"),
+        (("--fleet", "/nonexistent/fleet.yaml"), "/nonexistent/fleet.yaml: cannot read fleet"),
+    ],
+)
+def test_plan_bad_input_is_one_line_exit_2(args: tuple[str, ...], message: str) -> None:
+    done = cli("plan", *args)
+    assert done.returncode == 2
+    assert done.stderr.count("\n") == 1 and message in done.stderr, done.stderr
+
+
+# --- Gantt charts ----------------------------------------------------------------------------
+
+
+def test_gantt_writes_svg_png_and_self_contained_html(tmp_path: Path) -> None:
+    nodes = (FakeNode("n1"), FakeNode("n2", cores=8), FakeNode("idle", cores=4))
+    builds, deps = seed_builds(["gfx942"])
+    schedule = plan(Problem(builds, deps, nodes, CostModel(FakeFleet(nodes))), "critical-path")
+    lanes = [n.name for n in nodes]
+    svg = write_gantt(schedule, tmp_path / "p.svg", lanes)
+    png = write_gantt(schedule, tmp_path / "p.png", lanes)
+    page = write_gantt(schedule, tmp_path / "p.html", lanes, title="t")
+    assert "<svg" in svg.read_text() and "idle" in svg.read_text()
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    html = page.read_text()
+    assert html.startswith("<!DOCTYPE html>") and "<svg" in html and "<?xml" not in html
+    assert html.count("<tr>") == len(builds) + 1
+    # Self-contained: nothing to fetch (the SVG's xmlns URIs are names, not requests).
+    for fetch in ("<img", "<script", "<link", 'href="http', "url(http"):
+        assert fetch not in html, fetch
+    with pytest.raises(GanttError, match="unknown chart format"):
+        write_gantt(schedule, tmp_path / "p.jpg", lanes)
+    with pytest.raises(GanttError, match="cannot write chart"):
+        write_gantt(schedule, tmp_path / "missing" / "p.svg", lanes)
+
+
+def test_plan_gantt_from_the_cli(tmp_path: Path) -> None:
+    chart = tmp_path / "plan.html"
+    done = cli("plan", "--arch", "gfx942", "--gantt", str(chart))
+    assert done.returncode == 0, done.stderr
+    html = chart.read_text()
+    for node in ("snoc-think", "snoc-gaming", "snoc-lab", "snoc-nuc", "snoc-cloud"):
+        assert node in html
+    assert html.count("<tr>") == 14 + 1
+
+
+# --- live probes: best and plan --probe -------------------------------------------------------
+
+
+@pytest.fixture
+def probe_env(sshd_server: SshdServer, tmp_path: Path) -> Iterator[dict[str, str]]:
+    """An environment whose default SSH key is the fixture's client key (paramiko looks in
+    ~/.ssh) and whose extra known_hosts is the fixture's."""
+    home = tmp_path / "home"
+    (home / ".ssh").mkdir(parents=True)
+    shutil.copy(sshd_server.client_key, home / ".ssh" / "id_ed25519")
+    os.chmod(home / ".ssh" / "id_ed25519", 0o600)
+    yield {**os.environ, "HOME": str(home), "ROCM_SSH_KNOWN_HOSTS": str(sshd_server.known_hosts)}
+
+
+def _closed_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _probe_fleet(tmp_path: Path, nodes: list[dict[str, Any]]) -> Path:
+    path = tmp_path / "probed.yaml"
+    path.write_text(
+        yaml.safe_dump(
+            {
+                "nodes": nodes,
+                "target_costs": {"reference": {"cores": 32, "mem_gb": 122}},
+            }
+        )
+    )
+    return path
+
+
+@pytest.mark.real
+def test_best_picks_the_strongest_reachable_node(
+    sshd_server: SshdServer, probe_env: dict[str, str], tmp_path: Path
+) -> None:
+    fleet = _probe_fleet(
+        tmp_path,
+        [
+            {"name": n, "builder": f"{n}-builder", "ssh": sshd_server.ssh_address(n), "cores": 8,
+             "mem_gb": 16.0, "link_mbps": 100.0}
+            for n in ("small", "big")
+        ]
+        + [
+            {"name": "down", "builder": "down", "ssh": f"root@127.0.0.1:{_closed_port()}",
+             "cores": 64, "mem_gb": 512.0, "link_mbps": 1000.0},
+        ],
+    )  # fmt: skip
+    done = cli("best", "--json", "--fleet", str(fleet), env=probe_env)
+    assert done.returncode == 0, done.stderr
+    data = json.loads(done.stdout)
+    # big: 100 GiB free + 24 idle cores, read over ssh from its canned /proc.
+    assert (data["node"], data["builder"], data["probed"]) == ("big", "big-builder", True)
+    assert data["score"] == pytest.approx(124.0, abs=0.01)
+    assert {n["node"]: n["ok"] for n in data["nodes"]} == {
+        "small": True,
+        "big": True,
+        "down": False,
+    }
+    assert "rocm-assets: excluded down: ssh connection to root@127.0.0.1" in done.stderr
+    text = cli("best", "--fleet", str(fleet), env=probe_env)
+    assert text.stdout.startswith(
+        "big: score 124.0 (100.0 GB free + 24.0 idle cores of 32; probed)"
+    )
+
+
+@pytest.mark.real
+def test_plan_probe_plans_only_on_reachable_nodes(
+    sshd_server: SshdServer, probe_env: dict[str, str], tmp_path: Path
+) -> None:
+    fleet = _probe_fleet(
+        tmp_path,
+        [
+            {"name": "big", "builder": "big-builder", "ssh": sshd_server.ssh_address("big"),
+             "cores": 32, "mem_gb": 122.0, "link_mbps": 1000.0},
+            {"name": "down", "builder": "down", "ssh": f"root@127.0.0.1:{_closed_port()}",
+             "cores": 64, "mem_gb": 512.0, "link_mbps": 1000.0},
+            {"name": "cloud", "builder": "cloud", "cores": 16, "mem_gb": 64.0, "link_mbps": 800.0},
+        ],
+    )  # fmt: skip
+    done = cli(
+        "plan", "--json", "--probe", "--fleet", str(fleet), "--arch", "gfx942", env=probe_env
+    )
+    assert done.returncode == 0, done.stderr
+    data = json.loads(done.stdout)
+    check_plan(data, expected_builds(["gfx942"]))
+    assert {b["node"] for b in data["builds"]} <= {"big", "cloud"}
+    assert "rocm-assets: excluded down: " in done.stderr
+
+
+def test_best_without_ssh_uses_fleet_figures_and_none_reachable_is_exit_2(
+    tmp_path: Path,
+) -> None:
+    fleet = _probe_fleet(
+        tmp_path,
+        [
+            {"name": "a", "builder": "a", "cores": 16, "mem_gb": 64.0, "link_mbps": 100.0},
+            {"name": "b", "builder": "b", "cores": 48, "mem_gb": 96.0, "link_mbps": 100.0},
+        ],
+    )
+    done = cli("best", "--json", "--fleet", str(fleet))
+    assert done.returncode == 0, done.stderr
+    data = json.loads(done.stdout)
+    assert (data["node"], data["score"], data["probed"]) == ("b", 144.0, False)
+    down = _probe_fleet(
+        tmp_path,
+        [{"name": "down", "builder": "down", "ssh": f"root@127.0.0.1:{_closed_port()}",
+          "cores": 8, "mem_gb": 16.0, "link_mbps": 100.0}],
+    )  # fmt: skip
+    done = cli("best", "--fleet", str(down))
+    assert done.returncode == 2
+    assert done.stderr.splitlines()[-1].startswith(f"rocm-assets: error: no node of {down}")

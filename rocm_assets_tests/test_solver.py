@@ -1,0 +1,121 @@
+"""The CP-SAT plan: valid under the placement cost model, never worse than its warm start.
+
+Real parts: OR-Tools CP-SAT itself (the `bench` extra) solves every model here; no server is
+involved. Instances are tiny so each solves to a proven optimum well inside its limit; the
+limits are there so a regression fails rather than hangs, and no assertion is about time.
+"""
+
+import random
+import sys
+
+import pytest
+
+from rocm_assets.placement import Build, CostModel, Problem, lower_bounds, plan, validate_schedule
+from rocm_assets.solver import SOLVER_STRATEGY, SolverError, solve
+from rocm_assets_tests.test_placement import (
+    FakeCost,
+    FakeFleet,
+    FakeNode,
+    random_problem,
+    seed_builds,
+)
+
+LIMIT_S = 5.0
+
+
+def _problem(
+    nodes: tuple[FakeNode, ...], costs: dict[str, FakeCost], deps: dict[Build, frozenset[Build]]
+) -> Problem:
+    return Problem(tuple(deps), deps, nodes, CostModel(FakeFleet(nodes, costs)))
+
+
+def _check(problem: Problem, limit_s: float = LIMIT_S) -> None:
+    result = solve(problem, limit_s, workers=1)
+    schedule = result.schedule
+    assert schedule.strategy == SOLVER_STRATEGY
+    assert validate_schedule(problem, schedule) == []
+    # Never worse than the heuristic plan it started from; never below any valid bound.
+    assert schedule.makespan_s <= result.hint.makespan_s + 1e-6
+    assert schedule.makespan_s >= lower_bounds(problem).best - 1e-6
+    assert lower_bounds(problem).best - 1e-6 <= result.proven_bound_s <= schedule.makespan_s + 1e-6
+    if result.status == "OPTIMAL":
+        assert result.bound_s == result.objective_s and result.gap == 0.0
+
+
+def test_solver_plans_validate_on_random_instances() -> None:
+    # Random fleets (links over 25x) and DAGs, some inputs already placed or published, some
+    # durations measured: everything the heuristics' tests cover, at a size CP-SAT proves.
+    rng = random.Random(11)
+    for _ in range(12):
+        _check(random_problem(rng, max_nodes=4, max_targets=8))
+
+
+def test_solver_plans_the_seed_graph_for_two_arches() -> None:
+    nodes = (
+        FakeNode("gaming", cores=16, mem_gb=15, link_mbps=100),
+        FakeNode("think", cores=32, mem_gb=122, link_mbps=1000),
+        FakeNode("nuc", cores=8, mem_gb=32, link_mbps=40),
+    )
+    costs = {
+        "pytorch": FakeCost(7200, 6),
+        "rocm-runtime": FakeCost(720, 8),
+        "vllm": FakeCost(1320, 2),
+    }
+    builds, deps = seed_builds(["gfx942", "gfx1100"])
+    _check(Problem(builds, deps, nodes, CostModel(FakeFleet(nodes, costs))), limit_s=10.0)
+
+
+def test_solver_beats_a_poor_warm_start() -> None:
+    # Two equal nodes; head (20 s) gates tail (100 s); two 50 s side builds. The seed's rule
+    # starts the sides first (170 s); the optimum starts head at once (120 s).
+    nodes = (FakeNode("n1"), FakeNode("n2"))
+    head, tail, side1, side2 = Build("head"), Build("tail"), Build("side1"), Build("side2")
+    costs = {
+        t: FakeCost(s, 0.001)
+        for t, s in {"head": 20, "tail": 100, "side1": 50, "side2": 50}.items()
+    }
+    deps = {head: frozenset(), tail: frozenset({head}), side1: frozenset(), side2: frozenset()}
+    problem = _problem(nodes, costs, deps)
+    greedy = plan(problem, "greedy")
+    result = solve(problem, LIMIT_S, workers=1, hint=greedy)
+    assert greedy.makespan_s == pytest.approx(170, abs=0.1)
+    assert result.status == "OPTIMAL" and not result.kept_hint
+    assert result.schedule.makespan_s == pytest.approx(120, abs=0.1)
+    assert validate_schedule(problem, result.schedule) == []
+
+
+def test_solver_keeps_a_chain_on_one_node_to_save_the_pull() -> None:
+    # a (100 s, 10 GB out) then b (100 s) on two equal 100 Mbit/s nodes: pulling a's image
+    # elsewhere costs 800 s, so both go on one node; real (non-integer) seconds survive.
+    nodes = (FakeNode("n1", link_mbps=100), FakeNode("n2", link_mbps=100))
+    a, b = Build("a"), Build("b")
+    costs = {"a": FakeCost(100.25, 10.0), "b": FakeCost(100.5, 0.0)}
+    problem = _problem(nodes, costs, {a: frozenset(), b: frozenset({a})})
+    result = solve(problem, LIMIT_S, workers=1)
+    by_build = {x.build: x for x in result.schedule.assignments}
+    assert by_build[a].node == by_build[b].node
+    assert result.schedule.makespan_s == pytest.approx(100.25 + 800 + 100.5)
+    assert validate_schedule(problem, result.schedule) == []
+
+
+def test_solver_waits_for_busy_nodes() -> None:
+    nodes = (FakeNode("n1"), FakeNode("n2"))
+    deps = {Build(f"b{k}"): frozenset() for k in range(4)}
+    problem = _problem(nodes, {}, deps)
+    result = solve(problem, LIMIT_S, {"n1": 5000.0}, workers=1)
+    assert all(a.start_s >= 5000.0 for a in result.schedule.assignments if a.node == "n1")
+    assert validate_schedule(problem, result.schedule) == []
+
+
+def test_solver_on_nothing_to_build() -> None:
+    problem = _problem((FakeNode("n1"),), {}, {})
+    result = solve(problem, LIMIT_S, workers=1)
+    assert result.schedule.assignments == () and result.schedule.makespan_s == 0.0
+
+
+def test_missing_ortools_is_one_clear_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    # A None entry in sys.modules makes the import fail as if OR-Tools were not installed.
+    monkeypatch.setitem(sys.modules, "ortools.sat.python", None)
+    problem = _problem((FakeNode("n1"),), {}, {Build("x"): frozenset()})
+    with pytest.raises(SolverError, match=r"pip install 'rocm_assets\[bench\]'"):
+        solve(problem, LIMIT_S)
