@@ -70,6 +70,10 @@ _IN_FLIGHT = [
     dg.DagsterRunStatus.CANCELING,
 ]
 _MEASURED_TTL_S = 300.0
+# How far back a finished build's node still counts for locality (its layers are cached there).
+_BUILT_ON_WINDOW_S = 86400.0
+# Estimates age as builds run: an unchanged queue is re-planned at least this often.
+_REPLAN_AFTER_S = 60.0
 # Submission runs in the webserver: a slow registry must not hold the UI for long.
 _SUBMIT_REGISTRY_OPTIONS = {"connect_timeout": 2.0, "read_timeout": 5.0, "retries": 0}
 # Tags a child run must not inherit from the request it was split from.
@@ -211,6 +215,8 @@ class PlacementRunCoordinator(dg.QueuedRunCoordinator):
         self._files: dict[str, tuple[float, Any]] = {}
         self._measured: tuple[float, dict[tuple[str, str, int], float]] = (0.0, {})
         self._last_error: str | None = None
+        self._last_state: tuple[frozenset, ...] | None = None
+        self._last_state_at = 0.0
 
     @classmethod
     def config_type(cls) -> UserConfigSchema:
@@ -501,11 +507,29 @@ class PlacementRunCoordinator(dg.QueuedRunCoordinator):
         if not waiting:
             return None
         excluded = {n: p.reason for n, p in probes.items() if not p.ok}
+        # Nothing changed since the last tick, which started nothing: the answer is the same, and
+        # the full plan costs ~0.1 s at 1,000 queued builds (docs/benchmarks.md).
+        state = (
+            frozenset((b, r.run_id) for b, r in waiting.items()),
+            frozenset(running.items()),
+            frozenset(excluded),
+        )
+        if state == self._last_state and now - self._last_state_at < _REPLAN_AFTER_S:
+            return None
         nodes = [n for n in fleet.nodes if n.name not in excluded]
         deps = {b: build_deps(graph, b) for b in waiting}
+        inputs = {d for ds in deps.values() for d in ds} - waiting.keys() - running.keys()
         decision = placement.choose_placements(
-            list(waiting), running, nodes, cost, now, deps, strategy=self._strategy
+            list(waiting),
+            running,
+            nodes,
+            cost,
+            now,
+            deps,
+            pushed=self._built_on(inputs, node_names, now),
+            strategy=self._strategy,
         )
+        self._last_state, self._last_state_at = (None, 0.0) if decision.starts else (state, now)
         for start in decision.starts:
             run = waiting[start.build]
             node = fleet.node(start.node)
@@ -534,6 +558,32 @@ class PlacementRunCoordinator(dg.QueuedRunCoordinator):
             extra = {ROCM_EST_START_TAG: _iso(why.est_start_s)} if why.est_start_s else {}
             self._tag_waiting(waiting[build].run_id, why.reason, extra)
         return decision
+
+    def _built_on(self, builds: set[Build], nodes: set[str], now: float) -> dict[Build, str]:
+        """The node each finished input was built on: a dependent there pulls nothing.
+
+        Read from the build runs that succeeded in the last day (their rocm/build and rocm/node
+        tags); without it every input looks like a registry pull on every node, and the online
+        plan loses to greedy on some fleets (docs/benchmarks.md, `default-locality`).
+        """
+        if not builds:
+            return {}
+        records = self._instance.get_run_records(
+            dg.RunsFilter(
+                statuses=[dg.DagsterRunStatus.SUCCESS],
+                updated_after=datetime.fromtimestamp(now - _BUILT_ON_WINDOW_S, UTC),
+            ),
+            order_by="update_timestamp",
+            ascending=True,
+        )
+        wanted = {str(b): b for b in builds}
+        built: dict[Build, str] = {}
+        for record in records:  # oldest first: the newest build of each wins
+            tags = record.dagster_run.tags
+            build = wanted.get(tags.get(ROCM_BUILD_TAG, ""))
+            if build is not None and tags.get(ROCM_NODE_TAG) in nodes:
+                built[build] = tags[ROCM_NODE_TAG]
+        return built
 
     def _tag_waiting(
         self, run_id: str, reason: str, extra: Mapping[str, str] | None = None

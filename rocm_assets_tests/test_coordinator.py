@@ -382,3 +382,31 @@ def test_submission_preflight_never_fails_a_run_for_a_registry_error(
     assert any(
         "preflight at submission skipped: registry http://127.0.0.1:9" in m for m in messages
     )
+
+
+def test_finished_inputs_are_known_by_the_node_that_built_them(
+    instance: dg.DagsterInstance,
+) -> None:
+    """Locality: a dependent placed where its input was built pulls nothing (`pushed`)."""
+    from rocm_assets.placement import Build
+
+    for node in ("big", "mid"):  # rebuilt: the newer build's node wins
+        run = create_run_for_test(
+            instance,
+            status=dg.DagsterRunStatus.STARTED,
+            tags={ROCM_BUILD_TAG: "rocm-runtime@gfx942", ROCM_NODE_TAG: node},
+        )
+        finish(instance, run)
+    create_run_for_test(
+        instance,
+        status=dg.DagsterRunStatus.FAILURE,
+        tags={ROCM_BUILD_TAG: "pytorch-src", ROCM_NODE_TAG: "small"},
+    )
+    import time
+
+    built = instance.run_coordinator._built_on(
+        {Build("rocm-runtime", "gfx942"), Build("pytorch-src", None)},
+        {"big", "mid", "small"},
+        time.time(),
+    )
+    assert built == {Build("rocm-runtime", "gfx942"): "mid"}  # a failed build published nothing
