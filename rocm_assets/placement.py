@@ -146,10 +146,6 @@ class CostModel:
     def fleet(self) -> FleetLike:
         return self._fleet
 
-    @property
-    def reference_jobs(self) -> int:
-        return self._j_ref
-
     def max_jobs(self, node: NodeLike) -> int:
         return max_jobs(node, self._probes.get(node.name))
 
@@ -182,10 +178,6 @@ class CostModel:
         return self.reference_s(target) * self.slowdown(node)
 
     def push_s(self, target: str, node: NodeLike) -> float:
-        return transfer_s(self.size_gb(target), node.link_mbps)
-
-    def pull_s(self, target: str, node: NodeLike) -> float:
-        """Seconds for `node` to pull `target`'s output built elsewhere (its link as downlink)."""
         return transfer_s(self.size_gb(target), node.link_mbps)
 
 

@@ -144,7 +144,6 @@ class PublishedInput:
 
     ref: str
     producer: str
-    via: str  # the arg or context that carries it, for messages
 
 
 class BakeGraph:
@@ -278,20 +277,6 @@ class BakeGraph:
     def groups_of(self, target: str) -> tuple[str, ...]:
         return tuple(g for g, members in self.groups.items() if target in members)
 
-    def dependents(self, target: str) -> tuple[str, ...]:
-        return tuple(n for n in self.targets if target in self.deps[n])
-
-    def closure(self, names: Iterable[str]) -> tuple[str, ...]:
-        """`names` and everything they depend on, in dependency order."""
-        wanted: set[str] = set()
-        stack = list(names)
-        while stack:
-            name = stack.pop()
-            if name not in wanted:
-                wanted.add(name)
-                stack.extend(self.deps[name])
-        return tuple(n for n in self.targets if n in wanted)
-
     def select(self, names: Iterable[str]) -> tuple[str, ...]:
         """Group or target names to buildable targets, in dependency order."""
         chosen = set(self.resolve(None).expand(names))
@@ -321,13 +306,11 @@ class BakeGraph:
         for context, producer in linked.target_links.items():
             for arg, value in linked.args.items():
                 if value == context and arg in published.args and published.args[arg] != context:
-                    found[published.args[arg]] = PublishedInput(
-                        published.args[arg], producer, f"arg {arg}"
-                    )
-        for context, ref in published.image_contexts.items():
+                    found[published.args[arg]] = PublishedInput(published.args[arg], producer)
+        for ref in published.image_contexts.values():
             owner = pub.tag_owner(ref)
             if owner and owner != target:
-                found[ref] = PublishedInput(ref, owner, f"context {context}")
+                found[ref] = PublishedInput(ref, owner)
         return tuple(found.values())
 
 
