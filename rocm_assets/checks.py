@@ -118,7 +118,6 @@ def gpu_nodes(fleet: Fleet, arch: str) -> tuple[list[Node], list[Node]]:
     return [n for n in having if n.ssh], [n for n in having if not n.ssh]
 
 
-
 def _result(
     result: CommandResult, image: str, arch: str, test_timeout_s: float, removed: bool
 ) -> dg.AssetCheckResult:

@@ -47,7 +47,6 @@ _IN_FLIGHT = [
 _REDRAW = "\x1b[H\x1b[J"
 
 
-
 def duration(seconds: float) -> str:
     """`45s`, `12m03s`, `2h05m`."""
     s = max(int(seconds), 0)

@@ -341,7 +341,9 @@ def test_check_names_a_missing_group_member(tmp_path: Path) -> None:
 # ##### GO HCL: the parser bake itself uses
 
 
-@pytest.mark.parametrize("path", [SHIPPED, PROJECT_ROOT / "rocm_assets_tests/fixtures/e2e/bake.hcl"])
+@pytest.mark.parametrize(
+    "path", [SHIPPED, PROJECT_ROOT / "rocm_assets_tests/fixtures/e2e/bake.hcl"]
+)
 def test_go_hcl_parses_the_bake_files(path: Path) -> None:
     """buildx cannot be installed here; pygohcl wraps hashicorp/hcl, the parser bake uses."""
     import pygohcl

@@ -70,7 +70,9 @@ def recorded_bake(docker_shim_record, monkeypatch: pytest.MonkeyPatch):
     """Every check bakes its test image first; the recording shim stands in for buildx."""
     for name, value in docker_shim_record.env.items():
         monkeypatch.setenv(name, value)
-    monkeypatch.setenv("ROCM_SHIM_BUILDERS", "gpu-ok,gpu-bad,gpu-stuck,gpu-gone,gpu-ok-2,builder-only")
+    monkeypatch.setenv(
+        "ROCM_SHIM_BUILDERS", "gpu-ok,gpu-bad,gpu-stuck,gpu-gone,gpu-ok-2,builder-only"
+    )
     return docker_shim_record
 
 
