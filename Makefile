@@ -14,7 +14,7 @@ setup:
 dev: setup
 	mkdir -p "$(DAGSTER_HOME)"
 	cp dagster.yaml "$(DAGSTER_HOME)/dagster.yaml"
-	$(BIN)/dagster dev -w workspace.yaml -h 127.0.0.1 -p 3000
+	$(BIN)/python -m dagster dev -w workspace.yaml -h 127.0.0.1 -p 3000
 
 # The whole suite; the tests start their own registry, dockerd and sshd on loopback.
 # pytest's exit 5 (nothing collected) is a failure, not a pass.
@@ -71,7 +71,7 @@ push-runtime:
 # queued through the instance in $(DAGSTER_HOME) with the partition as a tag.
 gpu-test:
 	@for arch in $(or $(strip $(ARCH)),$(error make $@: set ARCH=<arch ...> (or GPU_ARCH))); do \
-	  $(BIN)/dagster job launch -w workspace.yaml -j pytorch_test_job \
+	  $(BIN)/python -m dagster job launch -w workspace.yaml -j pytorch_test_job \
 	    --tags "{\"dagster/partition\": \"$$arch\"}" || exit $$?; \
 	done
 

@@ -467,16 +467,20 @@ def _probe_over_ssh(
         node, timeout_s=timeout_s, connect_kwargs=connect_kwargs, known_hosts=known_hosts
     ) as conn:
         command = shlex.join(["sh", "-c", probe_script(node.builder, sample_s)])
+        timed_out = f"probe command timed out after {timeout_s + sample_s:g} s"
+        started = time.monotonic()
         try:
             result = conn.run(
                 command, hide=True, warn=True, in_stream=False, timeout=timeout_s + sample_s
             )
         except CommandTimedOut:
-            return _failed(
-                node, f"probe command timed out after {timeout_s + sample_s:g} s", probed_at
-            )
+            return _failed(node, timed_out, probed_at)
         except (paramiko.SSHException, OSError) as exc:
             return _failed(node, _ssh_failure(node, exc, timeout_s), probed_at)
+        # Under load invoke can see the channel its timer closed before it sees the timer:
+        # the command then "exits" -1 (no exit status) instead of raising CommandTimedOut.
+        if result.exited == -1 and time.monotonic() - started >= timeout_s + sample_s:
+            return _failed(node, timed_out, probed_at)
         if result.exited != 0:
             detail = _one_line(result.stderr)[:200] or "no stderr"
             return _failed(node, f"probe script exited {result.exited}: {detail}", probed_at)
@@ -730,6 +734,7 @@ def run_on_node(
             raise NodeCommandError(
                 f"{node.name}: {_ssh_failure(node, exc, connect_timeout_s)}"
             ) from None
-    return CommandResult(
-        node.name, command, result.exited, tail.lines(), time.monotonic() - started
-    )
+    elapsed = time.monotonic() - started
+    # The race _probe_over_ssh describes: a timed-out command may come back as exit -1.
+    exited = None if result.exited == -1 and elapsed >= timeout_s else result.exited
+    return CommandResult(node.name, command, exited, tail.lines(), elapsed)

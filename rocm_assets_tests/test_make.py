@@ -89,7 +89,7 @@ def test_build_all_needs_a_builder() -> None:
 
 def test_readme_targets_are_intact() -> None:
     dev = make("dev", dry_run=True).stdout
-    assert f"{BIN}/dagster dev -w workspace.yaml -h 127.0.0.1 -p 3000" in dev
+    assert f"{BIN}/python -m dagster dev -w workspace.yaml -h 127.0.0.1 -p 3000" in dev
     test = make("test", dry_run=True).stdout
     assert f"{BIN}/python -m pytest" in test
 
