@@ -98,16 +98,44 @@ def latest_built_digest(
     ).records
     if not records or records[0].asset_materialization is None:
         return None
-    return records[0].asset_materialization.tags.get(DATA_VERSION_TAG)
+    # A materialization reported by hand may carry no tags at all.
+    return (records[0].asset_materialization.tags or {}).get(DATA_VERSION_TAG)
+
+
+def latest_built_digests(
+    instance: dg.DagsterInstance, target: str, partitions: Sequence[str]
+) -> dict[str, str]:
+    """Per arch partition, what `latest_built_digest` gives, in one query for all of them.
+
+    A query per partition made the sensor's tick grow with arches (80 queries, most of a
+    0.5 s tick, for 6 arches). The data version tag is one Dagster indexes per event, and this
+    reads it from each partition's latest materialization, as `latest_built_digest` does.
+    """
+    latest = instance.event_log_storage.get_latest_tags_by_partition(
+        dg.AssetKey(target),
+        dg.DagsterEventType.ASSET_MATERIALIZATION,
+        [DATA_VERSION_TAG],
+        asset_partitions=list(partitions),
+    )
+    return {p: tags[DATA_VERSION_TAG] for p, tags in latest.items() if DATA_VERSION_TAG in tags}
 
 
 def digest_rows(
     instance: dg.DagsterInstance, found: dict[Entry, tuple[str, ImageInfo | None]]
 ) -> dict[str, list[DigestRow]]:
     """Per target, a row for each of its partitions that Dagster materialized with a digest."""
+    partitions: dict[str, list[str]] = {}
+    for entry in found:
+        if entry.partition is not None:
+            partitions.setdefault(entry.target, []).append(entry.partition)
+    built_by_arch = {t: latest_built_digests(instance, t, ps) for t, ps in partitions.items()}
     rows: dict[str, list[DigestRow]] = {}
     for entry, (tag, info) in found.items():
-        built = latest_built_digest(instance, entry.target, entry.partition)
+        built = (
+            built_by_arch[entry.target].get(entry.partition)
+            if entry.partition is not None
+            else latest_built_digest(instance, entry.target, None)
+        )
         if built is not None:
             row = DigestRow(entry.label, tag, info.digest if info else None, built)
             rows.setdefault(entry.target, []).append(row)

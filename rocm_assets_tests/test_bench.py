@@ -4,7 +4,9 @@ Real parts: the CLI runs as a subprocess on the shipped rocm-bake.hcl and fleet.
 random fleet file written here); OR-Tools CP-SAT solves; matplotlib draws real SVG/PNG/HTML
 files. `best` and `plan --probe` probe Debian's OpenSSH sshd started by the `sshd_server`
 fixture (canned /proc per node, real key exchange and host-key checks), plus a loopback port
-nothing listens on. Sizes are CI-sized (`bench --quick --instances 2`); nothing asserts a time.
+nothing listens on. The bench's registry tick starts Debian's docker-registry itself, beside the
+Zot-like fake, with a sqlite Dagster instance. Sizes are CI-sized (`bench --quick --instances
+2`); nothing asserts a time.
 """
 
 import itertools
@@ -188,6 +190,7 @@ def test_bench_json_schema(quick_bench: tuple[dict[str, Any], Path]) -> None:
         "solver_100_builds_12_nodes",
         "decision_ms",
         "code_location_load_s",
+        "registry_tick",
     }
     assert all(isinstance(t.get("met", True), bool) for t in doc["targets"].values())
     decision = doc["overhead"]["placement_decision"]
@@ -196,6 +199,7 @@ def test_bench_json_schema(quick_bench: tuple[dict[str, Any], Path]) -> None:
     assert load["over_import_dagster_s"] == pytest.approx(
         load["import_module_s"] + load["defs_s"], abs=0.002
     )
+    assert set(doc["overhead"]) == set(bench.OVERHEADS)
     # The same document is on disk, with the tables and one chart per strategy and scenario.
     assert json.loads((out / "bench-results.json").read_text()) == doc
     tables = (out / "bench-tables.md").read_text()
@@ -204,6 +208,51 @@ def test_bench_json_schema(quick_bench: tuple[dict[str, Any], Path]) -> None:
     assert len(doc["gantt"]) == len(charted) * len(bench.ALL_STRATEGIES)
     for rel in doc["gantt"]:
         assert (out / rel).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", rel
+
+
+def test_bench_registry_tick_schema_and_requests(
+    quick_bench: tuple[dict[str, Any], Path],
+) -> None:
+    doc, _ = quick_bench
+    tick = doc["overhead"]["registry_tick"]
+    figures = {
+        "first_median_s",
+        "first_max_s",
+        "steady_median_s",
+        "steady_max_s",
+        "first_requests",
+        "steady_requests",
+        "first_events",
+    }
+    assert set(tick) == {
+        "asset_targets",
+        "arches",
+        "asset_partitions",
+        "repositories",
+        "ticks",
+        "target_s",
+        "zot",
+        "docker_registry",
+    }
+    graph = load_graph(PROJECT_ROOT / "rocm-bake.hcl", {})
+    per_arch = len(graph.per_arch & set(graph.asset_targets))
+    assert tick["arches"] == bench.TICK_ARCHES and tick["asset_targets"] == len(graph.asset_targets)
+    partitions = per_arch * bench.TICK_ARCHES + len(graph.asset_targets) - per_arch
+    assert tick["asset_partitions"] == partitions
+    repos = tick["repositories"]
+    zot, registry = tick["zot"], tick["docker_registry"]
+    assert set(zot) == figures and set(registry) == figures
+    # GraphQL: one request per repository (the first may add the search probe), steady or not.
+    assert zot["first_requests"] <= repos + 1 and zot["steady_requests"] <= repos
+    # docker-registry: the probe that finds no search, a tags/list per repository, a HEAD per tag.
+    assert registry["steady_requests"] == registry["first_requests"] == 1 + repos + partitions
+    # The first tick observes every tag and evaluates every asset's digest check.
+    assert zot["first_events"] == registry["first_events"] == partitions + len(graph.asset_targets)
+    target = doc["targets"]["registry_tick"]
+    assert target["requests_per_tick"] == zot["steady_requests"]
+    assert target["met"] == (
+        zot["steady_median_s"] <= bench.TARGET_TICK_S and zot["steady_requests"] <= repos
+    )
 
 
 # --- rocm-assets plan ------------------------------------------------------------------------
