@@ -255,9 +255,9 @@ def simulate(problem: Problem, policy: Policy, label: str) -> Schedule:
 
 def online(problem: Problem, strategy: str, *, locality: bool = False) -> Policy:
     """The coordinator's decision at each event: `choose_placements` with the same arguments
-    it passes. The coordinator passes no `pushed` map, so a finished input counts as published
-    (its pull charged on every node) while the simulator charges pulls as they really happen;
-    `locality=True` passes the node each finished build is on."""
+    it passes. `locality=True` also passes the node each finished build is on (`pushed`), as the
+    coordinator does; without it a finished input counts as published (its pull charged on every
+    node) while the simulator charges pulls as they really happen."""
     nodes = list(problem.nodes)
 
     def decide(
