@@ -302,10 +302,10 @@ def test_greedy_uses_a_free_node_rather_than_wait_for_a_faster_one() -> None:
     assert validate_schedule(problem, schedule) == []
 
 
-def test_critical_path_beats_greedy_when_lpt_starts_side_targets_first() -> None:
-    # Two equal nodes. head (20 s) gates tail (100 s); side1 and side2 (50 s each) are longer
-    # than head, so the seed's LPT rule starts them first and the chain waits: 50 + 20 + 100.
-    # Upward rank starts head at once: 20 + 100, the sides fill the other node.
+def lpt_trap() -> Problem:
+    """Two equal nodes. head (20 s) gates tail (100 s); side1 and side2 (50 s each) are longer
+    than head, so the seed's LPT rule starts them first and the chain waits: 50 + 20 + 100.
+    Upward rank starts head at once: 20 + 100, the sides fill the other node."""
     nodes = (FakeNode("n1"), FakeNode("n2"))
     head, tail, side1, side2 = Build("head"), Build("tail"), Build("side1"), Build("side2")
     costs = {
@@ -313,7 +313,11 @@ def test_critical_path_beats_greedy_when_lpt_starts_side_targets_first() -> None
         for t, s in {"head": 20, "tail": 100, "side1": 50, "side2": 50}.items()
     }
     deps = {head: frozenset(), tail: frozenset({head}), side1: frozenset(), side2: frozenset()}
-    problem = _problem(nodes, costs, deps)
+    return _problem(nodes, costs, deps)
+
+
+def test_critical_path_beats_greedy_when_lpt_starts_side_targets_first() -> None:
+    problem = lpt_trap()
     lpt = plan(problem, "greedy")
     ranked = plan(problem, "critical-path")
     assert lpt.makespan_s == pytest.approx(170, abs=0.1)

@@ -16,17 +16,13 @@ from rocm_assets_tests.test_placement import (
     FakeCost,
     FakeFleet,
     FakeNode,
+    _problem,
+    lpt_trap,
     random_problem,
     seed_builds,
 )
 
 LIMIT_S = 5.0
-
-
-def _problem(
-    nodes: tuple[FakeNode, ...], costs: dict[str, FakeCost], deps: dict[Build, frozenset[Build]]
-) -> Problem:
-    return Problem(tuple(deps), deps, nodes, CostModel(FakeFleet(nodes, costs)))
 
 
 def _check(problem: Problem, limit_s: float = LIMIT_S) -> None:
@@ -66,16 +62,8 @@ def test_solver_plans_the_seed_graph_for_two_arches() -> None:
 
 
 def test_solver_beats_a_poor_warm_start() -> None:
-    # Two equal nodes; head (20 s) gates tail (100 s); two 50 s side builds. The seed's rule
-    # starts the sides first (170 s); the optimum starts head at once (120 s).
-    nodes = (FakeNode("n1"), FakeNode("n2"))
-    head, tail, side1, side2 = Build("head"), Build("tail"), Build("side1"), Build("side2")
-    costs = {
-        t: FakeCost(s, 0.001)
-        for t, s in {"head": 20, "tail": 100, "side1": 50, "side2": 50}.items()
-    }
-    deps = {head: frozenset(), tail: frozenset({head}), side1: frozenset(), side2: frozenset()}
-    problem = _problem(nodes, costs, deps)
+    # The seed's rule starts the side builds first (170 s); the optimum starts head at once (120 s).
+    problem = lpt_trap()
     greedy = plan(problem, "greedy")
     result = solve(problem, LIMIT_S, workers=1, hint=greedy)
     assert greedy.makespan_s == pytest.approx(170, abs=0.1)
