@@ -214,7 +214,11 @@ class BakeGraph:
             env = {**self.base_env, PUBLISHED_INPUTS_VAR: "1" if published else "0"}
             if arch:
                 env[ARCH_VAR] = arch
-            self._cache[key] = resolve(self.bake, env)
+            self._cache[key] = resolved = resolve(self.bake, env)
+            default = resolved.values.get(ARCH_VAR)
+            if not arch and isinstance(default, str) and default:
+                # The file's default arch is also a named arch: evaluate it once, not twice.
+                self._cache.setdefault((default, published), resolved)
         return self._cache[key]
 
     def _edges(self, resolved: ResolvedBake, target: Target) -> set[str]:
