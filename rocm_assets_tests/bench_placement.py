@@ -13,7 +13,7 @@ import random
 import pytest
 from pytest_benchmark.fixture import BenchmarkFixture
 
-from rocm_assets.placement import (
+from rocm_assets.core.placement import (
     STRATEGIES,
     Build,
     CostModel,

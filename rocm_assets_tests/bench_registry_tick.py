@@ -6,7 +6,7 @@ module out of the default `test_*.py` collection; run it on purpose:
     pytest rocm_assets_tests/bench_registry_tick.py
 
 Real: the shipped rocm-bake.hcl with GPU_ARCHES topped up to 6 in a temporary copy, the sensor
-as `rocm_assets.sensors` builds it, a sqlite `instance_for_test` where every asset partition was
+as `rocm_assets.defs.sensors` builds it, a sqlite `instance_for_test` where every asset partition was
 materialized, and Debian's docker-registry (`registry_server`; no search API, so one tags/list
 and a HEAD per tag). The Zot-like fake (real sockets) stands in for Zot's GraphQL search.
 """
@@ -18,8 +18,8 @@ import dagster as dg
 import pytest
 from pytest_benchmark.fixture import BenchmarkFixture
 
-from rocm_assets import bench
-from rocm_assets.bake import BakeGraph, load_graph
+from rocm_assets.cli import bench
+from rocm_assets.core.bake import BakeGraph, load_graph
 from rocm_assets_tests.conftest import PROJECT_ROOT
 from rocm_assets_tests.fakes_zot import FakeZot
 from rocm_assets_tests.servers.registry import RegistryServer

@@ -8,10 +8,10 @@ from pathlib import Path
 import dagster as dg
 import pytest
 
-from rocm_assets.assets import build_asset_specs, build_bake_assets, build_jobs
-from rocm_assets.bake import load_graph
-from rocm_assets.resources.bake import BakeResource
-from rocm_assets.resources.registry import RegistryResource
+from rocm_assets.core.bake import load_graph
+from rocm_assets.defs.assets import build_asset_specs, build_bake_assets, build_jobs
+from rocm_assets.defs.resources.bake import BakeResource
+from rocm_assets.defs.resources.registry import RegistryResource
 from rocm_assets_tests.conftest import PROJECT_ROOT
 
 SHIPPED = PROJECT_ROOT / "rocm-bake.hcl"

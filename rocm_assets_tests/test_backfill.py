@@ -32,9 +32,9 @@ import pytest
 import yaml
 from dagster._core.instance.ref import InstanceRef
 
-from rocm_assets.backfill import BackfillError, asset_backfill_params, select, ui_url
-from rocm_assets.bake import BakeGraph, load_graph
-from rocm_assets.constants import (
+from rocm_assets.cli.backfill import BackfillError, asset_backfill_params, select, ui_url
+from rocm_assets.core.bake import BakeGraph, load_graph
+from rocm_assets.core.constants import (
     FANOUT_PARENT,
     NOARCH,
     ROCM_BUILD_TAG,
@@ -42,8 +42,8 @@ from rocm_assets.constants import (
     ROCM_FANOUT_TAG,
     ROCM_NODE_TAG,
 )
-from rocm_assets.coordinator import build_deps, parse_build
-from rocm_assets.registry import parse_image_ref
+from rocm_assets.core.registry import parse_image_ref
+from rocm_assets.instance.coordinator import build_deps, parse_build
 from rocm_assets_tests.conftest import PROJECT_ROOT
 from rocm_assets_tests.servers.dockerd import SHIM_DIR, RecordingShim
 from rocm_assets_tests.servers.registry import RegistryServer, free_port

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from rocm_assets.bake import BakeError, check_drift, load_bake, load_graph, resolve
+from rocm_assets.core.bake import BakeError, check_drift, load_bake, load_graph, resolve
 from rocm_assets_tests.conftest import PROJECT_ROOT
 
 SHIPPED = PROJECT_ROOT / "rocm-bake.hcl"

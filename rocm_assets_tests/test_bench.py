@@ -24,11 +24,11 @@ from typing import Any
 import pytest
 import yaml
 
-from rocm_assets import bench
-from rocm_assets.bake import load_graph
-from rocm_assets.coordinator import build_deps, builds_for
-from rocm_assets.gantt import GanttError, write_gantt
-from rocm_assets.placement import Build, CostModel, Problem, plan
+from rocm_assets.cli import bench
+from rocm_assets.cli.gantt import GanttError, write_gantt
+from rocm_assets.core.bake import load_graph
+from rocm_assets.core.placement import Build, CostModel, Problem, plan
+from rocm_assets.instance.coordinator import build_deps, builds_for
 from rocm_assets_tests.conftest import PROJECT_ROOT
 from rocm_assets_tests.servers.sshd import SshdServer
 from rocm_assets_tests.test_placement import (

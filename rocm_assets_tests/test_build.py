@@ -1,4 +1,4 @@
-"""Unit tests for rocm_assets.build: the bake command, its metadata, its failures, its output.
+"""Unit tests for rocm_assets.core.build: the bake command, its metadata, its failures, its output.
 
 No engine runs here. The `docker` on PATH is either the project's shim in recording mode
 (rocm_assets_tests/shim/docker: it records the argv and the build environment it was given as
@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from rocm_assets.build import (
+from rocm_assets.core.build import (
     BakeInvocation,
     BuildError,
     bake_invocation,

@@ -24,18 +24,18 @@ from dagster._core.storage.asset_check_execution_record import (
     AssetCheckExecutionResolvedStatus,
 )
 
-from rocm_assets.assets import build_bake_assets, build_jobs
-from rocm_assets.bake import BakeGraph, load_graph
-from rocm_assets.checks import (
+from rocm_assets.core.bake import BakeGraph, load_graph
+from rocm_assets.core.fleet import Node, NodeCommandError, OutputTail, run_on_node
+from rocm_assets.defs.assets import build_bake_assets, build_jobs
+from rocm_assets.defs.checks import (
     GpuTestResource,
     build_gpu_test_checks,
     build_gpu_test_jobs,
     docker_run_argv,
     gpu_test_check_key,
 )
-from rocm_assets.fleet import Node, NodeCommandError, OutputTail, run_on_node
-from rocm_assets.resources.bake import BakeResource
-from rocm_assets.resources.registry import RegistryResource
+from rocm_assets.defs.resources.bake import BakeResource
+from rocm_assets.defs.resources.registry import RegistryResource
 from rocm_assets_tests.conftest import PROJECT_ROOT
 from rocm_assets_tests.servers.sshd import SshdServer
 

@@ -26,8 +26,8 @@ from dagster._core.test_utils import (
 from dagster._core.workspace.load_target import EmptyWorkspaceTarget, ModuleTarget
 from dagster._daemon.run_coordinator.queued_run_coordinator_daemon import QueuedRunCoordinatorDaemon
 
-from rocm_assets.bake import load_graph
-from rocm_assets.constants import (
+from rocm_assets.core.bake import load_graph
+from rocm_assets.core.constants import (
     FANOUT_PARENT,
     PLACEMENT_PLACED,
     PLACEMENT_WAITING,
@@ -40,7 +40,7 @@ from rocm_assets.constants import (
     ROCM_PLACEMENT_TAG,
     ROCM_WAITING_FOR_TAG,
 )
-from rocm_assets.coordinator import build_deps, parse_build
+from rocm_assets.instance.coordinator import build_deps, parse_build
 from rocm_assets_tests.conftest import PROJECT_ROOT
 
 BAKE = PROJECT_ROOT / "rocm-bake.hcl"
@@ -72,7 +72,7 @@ def fleet_file(tmp_path: Path) -> Path:
 def coordinator_config(fleet_file: Path, **extra: object) -> dict:
     return {
         "run_coordinator": {
-            "module": "rocm_assets.coordinator",
+            "module": "rocm_assets.instance.coordinator",
             "class": "PlacementRunCoordinator",
             "config": {
                 "bake_file": str(BAKE),
@@ -388,7 +388,7 @@ def test_finished_inputs_are_known_by_the_node_that_built_them(
     instance: dg.DagsterInstance,
 ) -> None:
     """Locality: a dependent placed where its input was built pulls nothing (`pushed`)."""
-    from rocm_assets.placement import Build
+    from rocm_assets.core.placement import Build
 
     for node in ("big", "mid"):  # rebuilt: the newer build's node wins
         run = create_run_for_test(

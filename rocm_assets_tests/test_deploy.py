@@ -48,8 +48,8 @@ from dagster._core.storage.local_compute_log_manager import LocalComputeLogManag
 from dagster._serdes import ConfigurableClassData
 from dagster_docker import DockerRunLauncher
 
-from rocm_assets import constants
-from rocm_assets.coordinator import PlacementRunCoordinator
+from rocm_assets.core import constants
+from rocm_assets.instance.coordinator import PlacementRunCoordinator
 from rocm_assets_tests.conftest import PROJECT_ROOT
 from rocm_assets_tests.servers.dockerd import Dockerd
 from rocm_assets_tests.servers.registry import RegistryServer

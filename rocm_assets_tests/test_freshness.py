@@ -29,13 +29,13 @@ from dagster._core.workspace.context import WorkspaceProcessContext
 from dagster._core.workspace.load_target import InProcessWorkspaceLoadTarget
 from dagster._daemon.freshness import FreshnessDaemon
 
-from rocm_assets.alerts import freshness_alert_sensor
-from rocm_assets.assets import build_bake_assets
-from rocm_assets.bake import load_graph
-from rocm_assets.constants import ALERT_WEBHOOK_ENV, BAKE_FILE_ENV
-from rocm_assets.freshness import DEFAULT_WINDOW, WINDOWS, freshness_window
-from rocm_assets.resources.bake import BakeResource
-from rocm_assets.resources.registry import RegistryResource
+from rocm_assets.core.bake import load_graph
+from rocm_assets.core.constants import ALERT_WEBHOOK_ENV, BAKE_FILE_ENV
+from rocm_assets.defs.alerts import freshness_alert_sensor
+from rocm_assets.defs.assets import build_bake_assets
+from rocm_assets.defs.freshness import DEFAULT_WINDOW, WINDOWS, freshness_window
+from rocm_assets.defs.resources.bake import BakeResource
+from rocm_assets.defs.resources.registry import RegistryResource
 from rocm_assets_tests.conftest import PROJECT_ROOT
 
 SHIPPED = PROJECT_ROOT / "rocm-bake.hcl"

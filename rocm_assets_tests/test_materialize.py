@@ -38,8 +38,8 @@ from dagster._core.workspace.context import WorkspaceProcessContext
 from dagster._core.workspace.load_target import ModuleTarget
 from dagster._daemon.run_coordinator.queued_run_coordinator_daemon import QueuedRunCoordinatorDaemon
 
-from rocm_assets.bake import load_graph
-from rocm_assets.constants import ROCM_MAX_JOBS_TAG, ROCM_NODE_TAG
+from rocm_assets.core.bake import load_graph
+from rocm_assets.core.constants import ROCM_MAX_JOBS_TAG, ROCM_NODE_TAG
 from rocm_assets_tests.servers.dockerd import (
     E2E_BAKE_FILE,
     PROJECT_ROOT,

@@ -17,14 +17,14 @@ from pathlib import Path
 import dagster as dg
 import pytest
 
-from rocm_assets.assets import build_bake_assets
-from rocm_assets.bake import BakeGraph, load_graph
-from rocm_assets.constants import ROCM_MAX_JOBS_TAG, ROCM_NODE_TAG, ROCM_PREFLIGHT_TAG
-from rocm_assets.preflight import Missing, PreflightError, builds_for, preflight
-from rocm_assets.registry import RegistryClient, RegistryError
-from rocm_assets.registry_checks import build_registry_checks
-from rocm_assets.resources.bake import BakeResource
-from rocm_assets.resources.registry import RegistryResource
+from rocm_assets.core.bake import BakeGraph, load_graph
+from rocm_assets.core.constants import ROCM_MAX_JOBS_TAG, ROCM_NODE_TAG, ROCM_PREFLIGHT_TAG
+from rocm_assets.core.preflight import Missing, PreflightError, builds_for, preflight
+from rocm_assets.core.registry import RegistryClient, RegistryError
+from rocm_assets.defs.assets import build_bake_assets
+from rocm_assets.defs.registry_checks import build_registry_checks
+from rocm_assets.defs.resources.bake import BakeResource
+from rocm_assets.defs.resources.registry import RegistryResource
 from rocm_assets_tests.conftest import PROJECT_ROOT
 from rocm_assets_tests.fakes_zot import FakeZot
 from rocm_assets_tests.servers.registry import RegistryServer

@@ -16,7 +16,7 @@ import dagster as dg
 import httpx
 import pytest
 
-from rocm_assets.registry import (
+from rocm_assets.core.registry import (
     MANIFEST_ACCEPT,
     ForeignImageError,
     ImageInfo,
@@ -27,7 +27,7 @@ from rocm_assets.registry import (
     parse_challenge,
     parse_image_ref,
 )
-from rocm_assets.resources.registry import RegistryResource
+from rocm_assets.defs.resources.registry import RegistryResource
 from rocm_assets_tests.fakes_zot import Auth, Failure, FakeZot
 from rocm_assets_tests.servers.registry import RegistryServer, free_port
 

@@ -12,11 +12,11 @@ import dagster as dg
 import httpx
 import pytest
 
-from rocm_assets.bake import BakeGraph, load_graph
-from rocm_assets.constants import REGISTRY_DIGEST_CHECK
-from rocm_assets.registry_checks import DATA_VERSION_TAG
-from rocm_assets.resources.registry import RegistryResource
-from rocm_assets.sensors import SENSOR_NAME, build_registry_observation_sensor
+from rocm_assets.core.bake import BakeGraph, load_graph
+from rocm_assets.core.constants import REGISTRY_DIGEST_CHECK
+from rocm_assets.defs.registry_checks import DATA_VERSION_TAG
+from rocm_assets.defs.resources.registry import RegistryResource
+from rocm_assets.defs.sensors import SENSOR_NAME, build_registry_observation_sensor
 from rocm_assets_tests.conftest import PROJECT_ROOT
 from rocm_assets_tests.fakes_zot import FakeZot
 from rocm_assets_tests.servers.registry import OCI_MANIFEST, RegistryServer, free_port

@@ -10,8 +10,15 @@ import sys
 
 import pytest
 
-from rocm_assets.placement import Build, CostModel, Problem, lower_bounds, plan, validate_schedule
-from rocm_assets.solver import SOLVER_STRATEGY, SolverError, solve
+from rocm_assets.core.placement import (
+    Build,
+    CostModel,
+    Problem,
+    lower_bounds,
+    plan,
+    validate_schedule,
+)
+from rocm_assets.core.solver import SOLVER_STRATEGY, SolverError, solve
 from rocm_assets_tests.test_placement import (
     FakeCost,
     FakeFleet,

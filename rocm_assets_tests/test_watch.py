@@ -27,8 +27,9 @@ from dagster._core.remote_origin import (
 )
 from dagster._core.test_utils import create_run_for_test, instance_for_test
 
-from rocm_assets.build import build_name
-from rocm_assets.constants import (
+from rocm_assets.cli.watch import duration, frame
+from rocm_assets.core.build import build_name
+from rocm_assets.core.constants import (
     FANOUT_PARENT,
     PLACEMENT_PLACED,
     PLACEMENT_WAITING,
@@ -40,8 +41,7 @@ from rocm_assets.constants import (
     ROCM_PLACEMENT_TAG,
     ROCM_WAITING_FOR_TAG,
 )
-from rocm_assets.fleet import load_fleet
-from rocm_assets.watch import duration, frame
+from rocm_assets.core.fleet import load_fleet
 from rocm_assets_tests.conftest import PROJECT_ROOT
 
 FLEET = """

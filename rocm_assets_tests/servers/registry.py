@@ -1,5 +1,5 @@
 """Registry servers for tests: the real Debian `docker-registry` (CNCF distribution 2.8) on loopback,
-open and with htpasswd auth, plus the Zot-like fake; both are started by `rocm_assets.benchsupport`.
+open and with htpasswd auth, plus the Zot-like fake; both are started by `rocm_assets_tests.servers.fakes`.
 
 A registry that cannot start fails the test with the reason (its last line of output); it is
 never skipped.
@@ -13,10 +13,10 @@ from pathlib import Path
 import bcrypt
 import pytest
 
-from rocm_assets import benchsupport
+from rocm_assets_tests.servers import fakes as benchsupport
 
 # Re-exported: the test modules import them from here.
-from rocm_assets.benchsupport import (
+from rocm_assets_tests.servers.fakes import (
     OCI_MANIFEST as OCI_MANIFEST,
     FakeZot,
     LocalRegistryError,

@@ -1,0 +1,156 @@
+"""`rocm-assets build-all`: bake a whole group on ONE builder in one invocation, without pushing.
+
+The seed's `make build-all BUILDER=<node>`: one `docker buildx bake` of the group, so `target:`
+contexts resolve in-process and every stage builds on what the stage before it produced. It is
+refused for the pool (the seed's `snoc-pool`, or any name that is not one node's builder in the
+fleet file): there every target would be its own bake invocation, so stage 2 would silently build
+against whatever is in the registry. For the same reason it refuses PUBLISHED_INPUTS=1. Every
+other setting bake reads (SCCACHE_LOG, RUN_ID, CACHE_TAG_SUFFIX, SDE_*, REGISTRY) reaches it from
+the caller's environment unchanged.
+"""
+
+import argparse
+import os
+import shlex
+import shutil
+import subprocess
+import sys
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from rocm_assets.core.bake import BakeGraph, load_graph
+from rocm_assets.core.constants import ARCH_VAR, POOL_BUILDER, PUBLISHED_INPUTS_VAR
+from rocm_assets.core.fleet import Fleet, fleet_path, load_fleet
+from rocm_assets.core.settings import bake_file_path
+
+EXIT_ERROR = 2
+DEFAULT_GROUP = "default"
+# What bake's strconv.ParseBool reads as false; unset or empty leaves the file's default (false).
+_FALSE = {"", "0", "f", "F", "false", "FALSE", "False"}
+_POOL_REASON = (
+    "every target would be its own bake invocation, so stage 2 would silently build against "
+    "whatever is in the registry rather than what stage 1 produced"
+)
+
+
+class BuildAllError(Exception):
+    """A build-all that must not run as asked; the message is one line saying what to do."""
+
+
+@dataclass(frozen=True)
+class BuildAll:
+    """The one bake: argv, environment and working directory."""
+
+    argv: tuple[str, ...]
+    env: Mapping[str, str] = field(repr=False)
+    cwd: Path
+
+    def command(self) -> str:
+        arch = self.env.get(ARCH_VAR)
+        return (f"{ARCH_VAR}={shlex.quote(arch)} " if arch else "") + shlex.join(self.argv)
+
+
+def check_builder(builder: str, fleet: Fleet, fleet_file: Path) -> None:
+    """Only one node's builder will do: the pool, or a name the fleet does not know, is refused."""
+    builders = [n.builder for n in fleet.nodes]
+    if builder in builders and builder != POOL_BUILDER:
+        return
+    if builder == POOL_BUILDER:
+        refused = f"build-all refuses the pool {builder!r}"
+    else:
+        refused = f"build-all needs one node's builder, and {builder!r} is none in {fleet_file}"
+    raise BuildAllError(
+        f"{refused}: on a pool {_POOL_REASON}. Schedule the pool with `make push-all` "
+        f"(publishes), or build on one builder: {', '.join(builders)}"
+    )
+
+
+def build_all(
+    graph: BakeGraph,
+    *,
+    builder: str,
+    group: str,
+    arch: str | None,
+    base_env: Mapping[str, str],
+    docker: str = "docker",
+) -> BuildAll:
+    """The bake of `group` on `builder`, inputs resolved in-process (PUBLISHED_INPUTS off)."""
+    if group not in graph.groups:
+        raise BuildAllError(
+            f"no group {group!r} in {graph.path.name} (groups: {', '.join(graph.groups)})"
+        )
+    published = base_env.get(PUBLISHED_INPUTS_VAR, "")
+    if published not in _FALSE:
+        raise BuildAllError(
+            f"build-all resolves inputs in-process, but {PUBLISHED_INPUTS_VAR}={published!r} makes "
+            "every stage read them from the registry instead of what the stage before it "
+            "produced: unset it, or use `make push-all`"
+        )
+    env = dict(base_env)
+    if arch is not None:
+        if arch not in graph.arches:
+            raise BuildAllError(
+                f"unknown arch {arch!r}: {graph.path.name} builds {', '.join(graph.arches)}"
+            )
+        env[ARCH_VAR] = arch
+    if shutil.which(docker, path=env.get("PATH")) is None:
+        raise BuildAllError(
+            f"{docker!r} is not on PATH: install the Docker CLI with the buildx plugin"
+        )
+    argv = (docker, "buildx", "bake", "-f", str(graph.path), "--builder", builder, group)
+    # Bake resolves relative `context` paths against its working directory, not the file's.
+    return BuildAll(argv, env, graph.path.parent)
+
+
+def run(invocation: BuildAll) -> int:
+    """Run bake with this terminal's output; its exit status (128+N when killed by signal N)."""
+    try:
+        proc = subprocess.Popen(list(invocation.argv), env=dict(invocation.env), cwd=invocation.cwd)
+    except OSError as exc:
+        raise BuildAllError(
+            f"cannot start {shlex.join(invocation.argv[:3])}: {exc.strerror or exc}"
+        ) from None
+    while True:
+        try:
+            rc = proc.wait()
+        except KeyboardInterrupt:
+            # Ctrl-C reached bake too (same process group): wait for it to stop.
+            continue
+        return 128 - rc if rc < 0 else rc
+
+
+def cmd_build_all(args: argparse.Namespace) -> int:
+    try:
+        check_builder(args.builder, load_fleet(args.fleet), fleet_path(args.fleet).resolve())
+        invocation = build_all(
+            load_graph(bake_file_path(args.bake_file)),
+            builder=args.builder,
+            group=args.group,
+            arch=args.arch,
+            base_env=os.environ,
+            docker=args.docker,
+        )
+        sys.stderr.write(f"rocm-assets build-all: {invocation.command()}\n")
+        sys.stderr.flush()
+        return run(invocation)
+    except BuildAllError as exc:
+        sys.stderr.write(f"rocm-assets: error: {exc}\n")
+        return EXIT_ERROR
+
+
+def add_parser(subparsers: Any) -> None:
+    """Register `build-all` on the `rocm-assets` subcommand parser."""
+    p = subparsers.add_parser(
+        "build-all",
+        help="bake a whole group on one builder in one invocation, no push",
+        description=__doc__.split("\n\n")[1].replace("\n", " "),
+    )
+    p.add_argument("--builder", required=True, help="one node's buildx builder (fleet.yaml)")
+    p.add_argument("--group", default=DEFAULT_GROUP, help=f"bake group (default: {DEFAULT_GROUP})")
+    p.add_argument("--arch", help="GPU arch (default: $GPU_ARCH, else the bake file's default)")
+    p.add_argument("--bake-file", help="bake file (default: $ROCM_BAKE_FILE, else ./rocm-bake.hcl)")
+    p.add_argument("--fleet", help="fleet file (default: $ROCM_FLEET_FILE, else ./fleet.yaml)")
+    p.add_argument("--docker", default="docker", help="the docker CLI to run")
+    p.set_defaults(func=cmd_build_all)

@@ -1,0 +1,246 @@
+"""`rocm-assets watch`: the farm live, read straight from the Dagster instance ($DAGSTER_HOME).
+
+One line per fleet node: the build it runs (target, arch, run), how long it has run, the time
+left by the coordinator's estimate, and a progress bar; then the queue, each waiting build with
+what it waits for. Builds are named by their BuildKit history name
+`rocm-pytorch-build/<target>/<arch>/<run id>`, the prefix that keeps the sibling project's builds
+on the same nodes apart. On a terminal the frame is redrawn in place; otherwise each frame is
+printed as plain lines. Ctrl-C ends it with status 0.
+"""
+
+import argparse
+import os
+import shutil
+import sys
+import time
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+
+import dagster as dg
+from dagster._core.storage.tags import PARTITION_NAME_TAG
+
+from rocm_assets.core.build import build_name
+from rocm_assets.core.constants import (
+    FANOUT_PARENT,
+    PLACEMENT_WAITING,
+    ROCM_BUILD_TAG,
+    ROCM_EST_FINISH_TAG,
+    ROCM_EST_START_TAG,
+    ROCM_FANOUT_TAG,
+    ROCM_NODE_TAG,
+    ROCM_PLACEMENT_TAG,
+    ROCM_WAITING_FOR_TAG,
+)
+from rocm_assets.core.fleet import Fleet, load_fleet
+from rocm_assets.instance.coordinator import from_iso, parse_build
+
+EXIT_OK, EXIT_ERROR = 0, 2
+BAR_WIDTH = 20
+_IN_FLIGHT = [
+    dg.DagsterRunStatus.QUEUED,
+    dg.DagsterRunStatus.STARTING,
+    dg.DagsterRunStatus.STARTED,
+    dg.DagsterRunStatus.CANCELING,
+]
+# Home, then clear to the end of the screen: the new frame overwrites the old without flicker.
+_REDRAW = "\x1b[H\x1b[J"
+
+
+def duration(seconds: float) -> str:
+    """`45s`, `12m03s`, `2h05m`."""
+    s = max(int(seconds), 0)
+    if s < 60:
+        return f"{s}s"
+    if s < 3600:
+        return f"{s // 60}m{s % 60:02d}s"
+    return f"{s // 3600}h{s % 3600 // 60:02d}m"
+
+
+def bar(fraction: float | None, width: int = BAR_WIDTH) -> str:
+    """`[#####...............]  25%`; `?` when there is no estimate."""
+    if fraction is None:
+        return f"[{'?' * width}]    ?"
+    done = min(max(fraction, 0.0), 1.0)
+    filled = round(done * width)
+    return f"[{'#' * filled}{'.' * (width - filled)}] {round(done * 100):3d}%"
+
+
+@dataclass(frozen=True)
+class BuildRun:
+    """One build run as watch shows it."""
+
+    run_id: str
+    target: str
+    arch: str | None
+    node: str | None
+    waiting: bool
+    created_s: float
+    started_s: float | None
+    expected_end_s: float | None
+    waiting_for: str
+
+    @property
+    def history_name(self) -> str:
+        return build_name(self.target, self.arch, self.run_id)
+
+    @classmethod
+    def from_record(cls, record: dg.RunRecord) -> "BuildRun | None":
+        """None for runs that build nothing: asset checks, sensors' runs, fan-out requests."""
+        run = record.dagster_run
+        tags = run.tags
+        if tags.get(ROCM_FANOUT_TAG) == FANOUT_PARENT:
+            return None
+        if tags.get(ROCM_BUILD_TAG):
+            build = parse_build(tags[ROCM_BUILD_TAG])
+            target, arch = build.target, build.arch
+        elif tags.get(ROCM_NODE_TAG) and run.asset_selection:
+            # `dagster asset materialize` places itself and tags only its node.
+            target = ",".join(sorted(k.to_user_string() for k in run.asset_selection))
+            arch = tags.get(PARTITION_NAME_TAG)
+        else:
+            return None
+        est_start = from_iso(tags.get(ROCM_EST_START_TAG))
+        est_finish = from_iso(tags.get(ROCM_EST_FINISH_TAG))
+        started = record.start_time
+        expected_end = est_finish
+        if est_finish is not None and est_start is not None and started is not None:
+            # The estimate was made at placement; the run started a little later.
+            expected_end = est_finish + (started - est_start)
+        return cls(
+            run_id=run.run_id,
+            target=target,
+            arch=arch,
+            node=tags.get(ROCM_NODE_TAG) or None,
+            waiting=tags.get(ROCM_PLACEMENT_TAG) == PLACEMENT_WAITING,
+            created_s=record.create_timestamp.timestamp(),
+            started_s=started,
+            expected_end_s=expected_end,
+            waiting_for=tags.get(ROCM_WAITING_FOR_TAG, ""),
+        )
+
+    def progress(self, now: float) -> tuple[str, str, str]:
+        """(elapsed, remaining, bar) at `now`."""
+        if self.started_s is None:
+            left = (
+                f"~{duration(self.expected_end_s - now)} left"
+                if self.expected_end_s is not None and self.expected_end_s > now
+                else "?"
+            )
+            return "starting", left, bar(0.0 if self.expected_end_s else None)
+        elapsed = now - self.started_s
+        if self.expected_end_s is None:
+            return duration(elapsed), "?", bar(None)
+        remaining = self.expected_end_s - now
+        total = self.expected_end_s - self.started_s
+        left = f"~{duration(remaining)} left" if remaining >= 0 else f"{duration(-remaining)} over"
+        return duration(elapsed), left, bar(elapsed / total if total > 0 else 1.0)
+
+
+def build_runs(records: Iterable[dg.RunRecord]) -> list[BuildRun]:
+    found = (BuildRun.from_record(r) for r in records)
+    return sorted((b for b in found if b is not None), key=lambda b: (b.created_s, b.run_id))
+
+
+def render(
+    records: Sequence[dg.RunRecord], nodes: Sequence[str], now: float, url: str
+) -> list[str]:
+    """One frame: a header, a line per node, then the queue."""
+    builds = build_runs(records)
+    holding = [b for b in builds if b.node and not b.waiting]
+    queued = [b for b in builds if b.waiting]
+    others = len(records) - len(builds)
+    by_node: dict[str, list[BuildRun]] = {n: [] for n in nodes}
+    for b in holding:
+        by_node.setdefault(str(b.node), []).append(b)
+    busy = sum(1 for runs in by_node.values() if runs)
+    stamp = datetime.fromtimestamp(now, UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+    lines = [
+        f"rocm-assets watch  {stamp}  nodes busy {busy}/{len(by_node)}  queued {len(queued)}"
+        f"  other runs {others}  {url.rstrip('/')}/runs"
+    ]
+    node_w = max((len(n) for n in by_node), default=4)
+    target_w = max((len(b.target) for b in holding), default=6)
+    arch_w = max((len(b.arch or "noarch") for b in holding), default=6)
+    for node, runs in by_node.items():
+        if not runs:
+            lines.append(f"  {node:<{node_w}}  idle")
+        for b in runs:
+            # A second build on one node breaks the farm's rule: show it, never hide it.
+            elapsed, left, shown_bar = b.progress(now)
+            extra = "" if node in nodes else "  (not in the fleet file)"
+            lines.append(
+                f"  {node:<{node_w}}  {b.target:<{target_w}}  {b.arch or 'noarch':<{arch_w}}  "
+                f"{b.run_id[:8]}  {elapsed:>8}  {left:>13}  {shown_bar}  {b.history_name}{extra}"
+            )
+    lines.append(f"queue ({len(queued)} waiting)" + (":" if queued else ""))
+    names = [f"{b.target}@{b.arch}" if b.arch else b.target for b in queued]
+    reasons = [b.waiting_for or "waiting for placement" for b in queued]
+    name_w = max(map(len, names), default=0)
+    reason_w = max(map(len, reasons), default=0)
+    for b, name, reason in zip(queued, names, reasons, strict=True):
+        lines.append(
+            f"  {name:<{name_w}}  {b.run_id[:8]}  queued {duration(now - b.created_s):>6}  "
+            f"{reason:<{reason_w}}  {b.history_name}"
+        )
+    return lines
+
+
+def frame(instance: dg.DagsterInstance, fleet: Fleet, now: float, url: str) -> list[str]:
+    records = instance.get_run_records(dg.RunsFilter(statuses=_IN_FLIGHT))
+    return render(records, [n.name for n in fleet.nodes], now, url)
+
+
+def _fit(lines: Sequence[str], width: int) -> str:
+    # A wrapped line would push the frame down and break the in-place redraw.
+    return "".join(line[:width] + "\n" for line in lines)
+
+
+def follow(
+    instance: dg.DagsterInstance, fleet: Fleet, *, url: str, interval_s: float, once: bool
+) -> None:
+    tty = sys.stdout.isatty() and not once
+    while True:
+        lines = frame(instance, fleet, time.time(), url)
+        if tty:
+            width = shutil.get_terminal_size().columns
+            sys.stdout.write(_REDRAW + _fit(lines, width))
+        else:
+            sys.stdout.write("\n".join(lines) + "\n")
+            if not once:
+                sys.stdout.write("\n")
+        sys.stdout.flush()
+        if once:
+            return
+        time.sleep(interval_s)
+
+
+def cmd_watch(args: argparse.Namespace) -> int:
+    if args.interval <= 0:
+        sys.stderr.write("rocm-assets: error: --interval must be a positive number of seconds\n")
+        return EXIT_ERROR
+    if not os.environ.get("DAGSTER_HOME"):
+        sys.stderr.write(
+            "rocm-assets: error: DAGSTER_HOME is not set: point it at the farm's instance "
+            "(`make watch` uses .dagster_home, as `make dev` does)\n"
+        )
+        return EXIT_ERROR
+    try:
+        fleet = load_fleet(args.fleet)
+        with dg.DagsterInstance.get() as instance:
+            follow(instance, fleet, url=args.url, interval_s=args.interval, once=args.once)
+    except KeyboardInterrupt:
+        return EXIT_OK
+    except BrokenPipeError:
+        # The reader went away (`watch | head`): stop quietly, and keep Python's exit flush
+        # from raising again.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return EXIT_OK
+    except dg.DagsterError as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        sys.stderr.write(
+            f"rocm-assets: error: cannot read the Dagster instance in "
+            f"DAGSTER_HOME={os.environ['DAGSTER_HOME']}: {first}\n"
+        )
+        return EXIT_ERROR
+    return EXIT_OK

@@ -1,0 +1,385 @@
+"""The bake file as a build graph: targets, their dependencies, arches and groups.
+
+Everything here is derived from the file; nothing in the code lists targets or edges. An edge is a
+`target:` named context, or a `docker-image://` context whose reference is another target's tag.
+Which targets are per-arch follows from whether their tags change with the arch variable.
+"""
+
+import os
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from functools import cached_property
+from pathlib import Path
+from typing import Any
+
+from rocm_assets.core.bake.errors import BakeError
+from rocm_assets.core.bake.functions import to_string
+from rocm_assets.core.bake.hcl import BakeFile, Evaluation, load_bake
+from rocm_assets.core.constants import (
+    ARCH_LIST_ATTR,
+    ARCH_VAR,
+    PUBLISHED_INPUTS_VAR,
+    TEST_TARGETS_ATTR,
+)
+
+TARGET_PREFIX = "target:"
+IMAGE_PREFIX = "docker-image://"
+
+
+def _strings(value: Any, what: str, ev: Evaluation, line: int) -> tuple[str, ...]:
+    if value is None:
+        return ()
+    if not isinstance(value, list):
+        raise ev.error(f"{what} must be a list", line=line)
+    return tuple(to_string(v) for v in value)
+
+
+def _string_map(value: Any, what: str, ev: Evaluation, line: int) -> dict[str, str]:
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise ev.error(f"{what} must be an object", line=line)
+    # Bake drops null args so the Dockerfile's own default applies.
+    return {k: to_string(v) for k, v in value.items() if v is not None}
+
+
+@dataclass(frozen=True, slots=True)
+class Target:
+    """One bake target after evaluation and `inherits`."""
+
+    name: str
+    line: int
+    dockerfile: str
+    context: str
+    tags: tuple[str, ...]
+    args: Mapping[str, str]
+    contexts: Mapping[str, str]
+    platforms: tuple[str, ...] = ()
+    stage: str | None = None
+    description: str = ""
+    labels: Mapping[str, str] = field(default_factory=dict)
+    cache_from: tuple[str, ...] = ()
+    cache_to: tuple[str, ...] = ()
+
+    @property
+    def target_links(self) -> dict[str, str]:
+        """Named contexts that link another bake target: context name -> target name."""
+        return {
+            k: v.removeprefix(TARGET_PREFIX)
+            for k, v in self.contexts.items()
+            if v.startswith(TARGET_PREFIX)
+        }
+
+    @property
+    def image_contexts(self) -> dict[str, str]:
+        """Named contexts resolved from a registry: context name -> image reference."""
+        return {
+            k: v.removeprefix(IMAGE_PREFIX)
+            for k, v in self.contexts.items()
+            if v.startswith(IMAGE_PREFIX)
+        }
+
+
+@dataclass(frozen=True)
+class ResolvedBake:
+    """Every target and group of a bake file for one environment."""
+
+    path: Path
+    env: Mapping[str, str]
+    values: Mapping[str, Any]
+    targets: Mapping[str, Target]
+    groups: Mapping[str, tuple[str, ...]]
+
+    def expand(self, names: Iterable[str]) -> tuple[str, ...]:
+        """Group and target names to target names, in first-seen order; groups win, as in bake."""
+        out: dict[str, None] = {}
+
+        def visit(name: str, chain: tuple[str, ...]) -> None:
+            if name in chain:
+                raise BakeError(f"group cycle: {' -> '.join([*chain, name])}", path=self.path)
+            if name in self.groups:
+                for member in self.groups[name]:
+                    visit(member, (*chain, name))
+            elif name in self.targets:
+                out[name] = None
+            else:
+                where = f" (in group {chain[-1]!r})" if chain else ""
+                raise BakeError(f"no target or group named {name!r}{where}", path=self.path)
+
+        for name in names:
+            visit(name, ())
+        return tuple(out)
+
+    def tag_owner(self, ref: str) -> str | None:
+        return next((t.name for t in self.targets.values() if ref in t.tags), None)
+
+
+def resolve(bake: BakeFile, env: Mapping[str, str]) -> ResolvedBake:
+    """Evaluate a parsed bake file under `env` into targets and groups."""
+    ev = bake.evaluate(env)
+    values = {name: ev.value(name) for name in ev.names()}
+    ev.validate()
+    targets: dict[str, Target] = {}
+    for name, blocks in bake.targets.items():
+        line = blocks[0].line
+        attrs = ev.target(name)
+        where = f"target {name!r}"
+        targets[name] = Target(
+            name=name,
+            line=line,
+            dockerfile=to_string(attrs.get("dockerfile") or "Dockerfile"),
+            context=to_string(attrs.get("context") or "."),
+            tags=_strings(attrs.get("tags"), f"{where}: tags", ev, line),
+            args=_string_map(attrs.get("args"), f"{where}: args", ev, line),
+            contexts=_string_map(attrs.get("contexts"), f"{where}: contexts", ev, line),
+            platforms=_strings(attrs.get("platforms"), f"{where}: platforms", ev, line),
+            stage=to_string(attrs["target"]) if attrs.get("target") else None,
+            description=to_string(attrs.get("description") or ""),
+            labels=_string_map(attrs.get("labels"), f"{where}: labels", ev, line),
+            cache_from=_strings(attrs.get("cache-from"), f"{where}: cache-from", ev, line),
+            cache_to=_strings(attrs.get("cache-to"), f"{where}: cache-to", ev, line),
+        )
+    groups = {name: tuple(ev.group(name)) for name in bake.groups}
+    return ResolvedBake(bake.path, dict(env), values, targets, groups)
+
+
+@dataclass(frozen=True, slots=True)
+class PublishedInput:
+    """An image a target reads from the registry when PUBLISHED_INPUTS=1."""
+
+    ref: str
+    producer: str
+
+
+class BakeGraph:
+    """The build graph: buildable targets, their deps, which are per-arch, and the groups.
+
+    Private targets (a leading `_`, bake's convention for inherited bases) are not buildable.
+    """
+
+    def __init__(self, bake: BakeFile, env: Mapping[str, str] | None = None):
+        self.bake = bake
+        self.path = bake.path
+        # Like bake, variables come from the environment (REGISTRY, SDE_*, ...); the arch and
+        # the input mode are set per evaluation instead.
+        source = os.environ if env is None else env
+        self.base_env = {
+            k: v for k, v in source.items() if k not in (ARCH_VAR, PUBLISHED_INPUTS_VAR)
+        }
+        self._cache: dict[tuple[str, bool], ResolvedBake] = {}
+        first = self.resolve(None)
+        raw = first.values.get(ARCH_LIST_ATTR)
+        if not isinstance(raw, list) or not raw or not all(isinstance(a, str) and a for a in raw):
+            raise BakeError(
+                f"{ARCH_LIST_ATTR} must be a non-empty list of GPU arch names", path=self.path
+            )
+        self.arches: tuple[str, ...] = tuple(dict.fromkeys(raw))
+        self.targets: tuple[str, ...] = ()
+        names = [n for n in first.targets if not n.startswith("_")]
+        deps: dict[str, set[str]] = {n: set() for n in names}
+        for arch in self.arches:
+            resolved = self.resolve(arch)
+            for name in names:
+                deps[name] |= self._edges(resolved, resolved.targets[name])
+        self.deps: dict[str, tuple[str, ...]] = {n: tuple(sorted(d)) for n, d in deps.items()}
+        self.targets = self._topological(names)
+        self.per_arch = frozenset(n for n in names if self._varies_with_arch(n))
+        self.groups: dict[str, tuple[str, ...]] = {g: first.expand([g]) for g in first.groups}
+        self.test_targets = self._test_targets(first.values.get(TEST_TARGETS_ATTR))
+
+    def _test_targets(self, raw: Any) -> dict[str, str]:
+        """Test targets -> the one target each tests (its only dependency)."""
+        if raw is None:
+            return {}
+        if not isinstance(raw, list):
+            raise BakeError(f"{TEST_TARGETS_ATTR} must be a list of target names", path=self.path)
+        tests = {}
+        for name in map(to_string, raw):
+            if name not in self.deps:
+                raise BakeError(f"{TEST_TARGETS_ATTR}: no target named {name!r}", path=self.path)
+            if len(self.deps[name]) != 1:
+                raise BakeError(
+                    f"{TEST_TARGETS_ATTR}: {name!r} must take exactly one target's image, not "
+                    f"{list(self.deps[name]) or 'none'}",
+                    path=self.path,
+                )
+            tests[name] = self.deps[name][0]
+        return tests
+
+    @property
+    def asset_targets(self) -> tuple[str, ...]:
+        """Targets that publish an image: every buildable target but the test targets."""
+        return tuple(t for t in self.targets if t not in self.test_targets)
+
+    # ---- evaluation ----
+    def resolve(self, arch: str | None, *, published: bool = False) -> ResolvedBake:
+        """The file evaluated for one arch (default: the bake file's own default) and input mode."""
+        key = (arch or "", published)
+        if key not in self._cache:
+            env = {**self.base_env, PUBLISHED_INPUTS_VAR: "1" if published else "0"}
+            if arch:
+                env[ARCH_VAR] = arch
+            self._cache[key] = resolved = resolve(self.bake, env)
+            default = resolved.values.get(ARCH_VAR)
+            if not arch and isinstance(default, str) and default:
+                # The file's default arch is also a named arch: evaluate it once, not twice.
+                self._cache.setdefault((default, published), resolved)
+        return self._cache[key]
+
+    def _edges(self, resolved: ResolvedBake, target: Target) -> set[str]:
+        edges = set()
+        for context, linked in target.target_links.items():
+            if linked not in resolved.targets:
+                raise BakeError(
+                    f"target {target.name!r}: context {context!r} links target:{linked}, but there is "
+                    f"no target named {linked!r}",
+                    path=self.path,
+                    line=target.line,
+                )
+            if linked.startswith("_"):
+                raise BakeError(
+                    f"target {target.name!r}: context {context!r} links private target {linked!r}",
+                    path=self.path,
+                    line=target.line,
+                )
+            edges.add(linked)
+        for ref in target.image_contexts.values():
+            owner = resolved.tag_owner(ref)
+            if owner and owner != target.name and not owner.startswith("_"):
+                edges.add(owner)
+        return edges
+
+    def _varies_with_arch(self, name: str) -> bool:
+        tags = {self.resolve(a).targets[name].tags for a in self.arches}
+        if len(self.arches) > 1:
+            return len(tags) > 1
+        return any(self.arches[0] in tag for tag in next(iter(tags)))
+
+    def _topological(self, names: list[str]) -> tuple[str, ...]:
+        order: list[str] = []
+        state: dict[str, int] = {}
+        path: list[str] = []
+
+        def visit(name: str) -> None:
+            if state.get(name) == 2:
+                return
+            if state.get(name) == 1:
+                cycle = [*path[path.index(name) :], name]
+                raise BakeError(f"dependency cycle: {' -> '.join(cycle)}", path=self.path)
+            state[name] = 1
+            path.append(name)
+            for dep in self.deps[name]:
+                visit(dep)
+            path.pop()
+            state[name] = 2
+            order.append(name)
+
+        for name in names:
+            visit(name)
+        return tuple(order)
+
+    # ---- queries ----
+    @cached_property
+    def edge_count(self) -> int:
+        return sum(len(d) for d in self.deps.values())
+
+    def groups_of(self, target: str) -> tuple[str, ...]:
+        return tuple(g for g, members in self.groups.items() if target in members)
+
+    def select(self, names: Iterable[str]) -> tuple[str, ...]:
+        """Group or target names to buildable targets, in dependency order."""
+        chosen = set(self.resolve(None).expand(names))
+        unknown = sorted(n for n in chosen if n not in self.deps)
+        if unknown:
+            raise BakeError(f"{', '.join(unknown)} is not a buildable target", path=self.path)
+        return tuple(n for n in self.targets if n in chosen)
+
+    def build_arch(self, target: str, arch: str) -> str:
+        """The arch a target is evaluated with: noarch targets build against the first arch."""
+        return arch if target in self.per_arch else self.arches[0]
+
+    def tags(self, target: str, arch: str | None = None) -> tuple[str, ...]:
+        return self.resolve(self.build_arch(target, arch or self.arches[0])).targets[target].tags
+
+    def published_inputs(self, target: str, arch: str) -> tuple[PublishedInput, ...]:
+        """What `target` pulls from the registry with PUBLISHED_INPUTS=1, and who produces it.
+
+        A `target:` context in the default mode becomes, in published mode, the value of the arg
+        that named it; `docker-image://` contexts are read from the registry in both modes.
+        """
+        arch = self.build_arch(target, arch)
+        linked = self.resolve(arch).targets[target]
+        pub = self.resolve(arch, published=True)
+        published = pub.targets[target]
+        found: dict[str, PublishedInput] = {}
+        for context, producer in linked.target_links.items():
+            for arg, value in linked.args.items():
+                if value == context and arg in published.args and published.args[arg] != context:
+                    found[published.args[arg]] = PublishedInput(published.args[arg], producer)
+        for ref in published.image_contexts.values():
+            owner = pub.tag_owner(ref)
+            if owner and owner != target:
+                found[ref] = PublishedInput(ref, owner)
+        return tuple(found.values())
+
+
+def load_graph(path: str | Path, env: Mapping[str, str] | None = None) -> BakeGraph:
+    """Parse, evaluate and check a bake file into a BakeGraph; any problem is one BakeError line.
+
+    `env` holds the variable overrides, as bake's environment does (default: os.environ).
+    """
+    return BakeGraph(load_bake(path), env)
+
+
+def check_drift(graph: BakeGraph) -> list[str]:
+    """Problems where the file contradicts itself; empty when it is consistent.
+
+    - every `PUB_*` value (the registry reference that replaces a `target:` context when
+      PUBLISHED_INPUTS=1) must equal, for every arch, a tag of the target it mirrors;
+    - a `target:` context must have such a replacement, and none may survive in published mode.
+
+    Group members that do not exist already fail `load_graph`, which expands every group.
+    """
+    problems: list[str] = []
+    for arch in graph.arches:
+        for name in graph.targets:
+            problems.extend(_target_drift(graph, name, arch))
+    return list(dict.fromkeys(problems))
+
+
+def _target_drift(graph: BakeGraph, name: str, arch: str) -> list[str]:
+    problems = []
+    arch = graph.build_arch(name, arch)
+    linked = graph.resolve(arch).targets[name]
+    pub = graph.resolve(arch, published=True)
+    published = pub.targets[name]
+    for context, producer in published.target_links.items():
+        problems.append(
+            f"{arch}: target {name!r} keeps context {context!r} = target:{producer} with "
+            f"{PUBLISHED_INPUTS_VAR}=1, so bake would rebuild {producer!r}"
+        )
+    for context, producer in linked.target_links.items():
+        args = [a for a, v in linked.args.items() if v == context]
+        if not args:
+            problems.append(
+                f"target {name!r}: context {context!r} (target:{producer}) is passed in no arg, so "
+                f"{PUBLISHED_INPUTS_VAR}=1 has no registry reference to use instead"
+            )
+        want = pub.targets[producer].tags
+        for arg in args:
+            got = published.args.get(arg)
+            if got in want:
+                continue
+            names = [k for k, v in pub.values.items() if k.startswith("PUB_") and v == got]
+            label = names[0] if names else f"arg {arg}"
+            problems.append(
+                f"{arch}: {label} (target {name!r} arg {arg}) = {got!r} but {producer!r} is tagged "
+                f"{', '.join(repr(t) for t in want) or 'nothing'}"
+            )
+    registry = {ref.split("/", 1)[0] for t in pub.targets.values() for ref in t.tags}
+    for context, ref in published.image_contexts.items():
+        if ref.split("/", 1)[0] in registry and pub.tag_owner(ref) is None:
+            problems.append(
+                f"{arch}: target {name!r} context {context!r} = docker-image://{ref} matches no target's tag"
+            )
+    return problems

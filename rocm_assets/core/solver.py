@@ -1,0 +1,288 @@
+"""An exact placement plan from OR-Tools CP-SAT, warm-started from the best list-scheduling plan.
+
+Pure (no Dagster, no I/O); OR-Tools is imported only when `solve` runs (the `bench` extra).
+It plans the same `placement.Problem` the heuristics do, with the same cost model:
+
+- every build i gets a start s_i and an end e_i, and an optional interval on every node p whose
+  presence x[i,p] says "i runs on p" (exactly one per build);
+- NoOverlap per node: one build per node at a time; a node busy until t (a placed build, the
+  caller's `busy_until`) holds a fixed interval [0, t);
+- the interval's size is the cost model's occupancy (build + own push + registry pulls) plus,
+  for each input k built in the request, the pull of k when k is not on p:
+      size[i,p] = occ(i,p) + fixed pulls(i,p) + sum_k pull(k,p) * (1 - x[k,p])
+  x[k,p] is the reified "k is on the same node" boolean, so no extra variables are needed;
+- s_i >= e_k for every input k (its push has ended), s_i >= the end of placed inputs;
+- minimise the makespan, which is at least every end and at least `placement.lower_bounds`.
+
+Times are integer seconds with every duration rounded up, so the model never promises more
+than the real costs allow. Its best solution keeps only the node and per-node order: the
+returned `Schedule` recomputes the times with the exact (real) costs, so `validate_schedule`
+accepts it, and its makespan is at most the integer one. The hint's plan is kept when it is
+still shorter in real seconds, so the result is never worse than the best heuristic.
+
+`SolveResult.proven_bound_s` is a valid lower bound in real seconds: the solver's bound minus
+the rounding it may have added (sum over builds of the largest rounding of that build on any
+node), and never below the heuristic lower bound.
+"""
+
+import math
+import os
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from rocm_assets.core.placement import Assignment, Problem, Schedule, plan
+
+SOLVER_STRATEGY = "solver"
+DEFAULT_TIME_LIMIT_S = 10.0
+
+
+class SolverError(RuntimeError):
+    """The solver cannot run (OR-Tools missing); the message says what to install."""
+
+
+@dataclass(frozen=True)
+class SolveResult:
+    """A CP-SAT plan and what the solver proved about it.
+
+    `status` is CP-SAT's (OPTIMAL, FEASIBLE, UNKNOWN); `objective_s` and `bound_s` are the
+    integer model's best makespan and proven bound; `proven_bound_s` is a lower bound on any
+    plan's real makespan; `hint` is the heuristic plan it started from, and `kept_hint` says the
+    hint was returned because the solver found nothing shorter in real seconds.
+    """
+
+    schedule: Schedule
+    status: str
+    objective_s: float
+    bound_s: float
+    proven_bound_s: float
+    hint: Schedule
+    kept_hint: bool
+    wall_s: float
+    time_limit_s: float
+
+    @property
+    def gap(self) -> float:
+        """(objective - bound) / objective of the integer model: 0 when proven optimal."""
+        return (
+            0.0 if self.objective_s <= 0 else (self.objective_s - self.bound_s) / self.objective_s
+        )
+
+
+def _ceil(x: float) -> int:
+    # 1e-9 absorbs float noise (2.0000000001 s is 2 s), far below the rounding it may hide.
+    return max(0, math.ceil(x - 1e-9))
+
+
+def _left_shift(
+    problem: Problem, node_of: Sequence[int], order: Sequence[int], avail0: Sequence[float]
+) -> tuple[list[float], list[float]]:
+    """Real start/end times for fixed nodes and a per-node order: each build starts as soon as
+    its node is free and its inputs are pushed. `order` must respect dependencies."""
+    ix = problem.index
+    n = len(ix.builds)
+    start, end = [0.0] * n, [0.0] * n
+    avail = list(avail0)
+    nodes = list(node_of)
+    for i in order:
+        ready, local = ix.inputs(i, nodes, end)
+        p = nodes[i]
+        start[i] = max(avail[p], ready)
+        end[i] = start[i] + ix.occupancy(i, p, local)
+        avail[p] = end[i]
+    return start, end
+
+
+def _schedule(
+    problem: Problem,
+    strategy: str,
+    node_of: Sequence[int],
+    order: Sequence[int],
+    avail0: Sequence[float],
+) -> Schedule:
+    ix = problem.index
+    start, end = _left_shift(problem, node_of, order, avail0)
+    assignments = sorted(
+        (
+            Assignment(ix.builds[i], ix.names[node_of[i]], start[i], end[i])
+            for i in range(len(ix.builds))
+        ),
+        key=lambda a: (a.start_s, a.node, a.build),
+    )
+    return Schedule(strategy, tuple(assignments), max(end, default=0.0), problem.bounds.best)
+
+
+def _order_of(schedule: Schedule, problem: Problem) -> tuple[list[int], list[int]]:
+    """A plan's node per build and a dependency-respecting order (by start, then end)."""
+    ix = problem.index
+    node_pos = {name: p for p, name in enumerate(ix.names)}
+    node_of = [0] * len(ix.builds)
+    topo_pos = {i: k for k, i in enumerate(ix.topo)}
+    keyed = []
+    for a in schedule.assignments:
+        i = ix.pos[a.build]
+        node_of[i] = node_pos[a.node]
+        keyed.append((a.start_s, a.end_s, topo_pos[i], i))
+    return node_of, [i for *_, i in sorted(keyed)]
+
+
+def solve(
+    problem: Problem,
+    time_limit_s: float = DEFAULT_TIME_LIMIT_S,
+    busy_until: Mapping[str, float] | None = None,
+    *,
+    workers: int | None = None,
+    hint: Schedule | None = None,
+) -> SolveResult:
+    """Plan every build of `problem` with CP-SAT within `time_limit_s` of solving.
+
+    Args:
+        problem: the builds, deps, nodes and cost model, as for `placement.plan`.
+        time_limit_s: CP-SAT's wall-clock limit; the best plan found by then is returned.
+        busy_until: seconds from now until a node is free, as for `placement.plan`.
+        workers: CP-SAT search workers (default: the machine's cores, at most 8).
+        hint: the warm start (default: `plan(problem, "default")`, the best heuristic plan).
+
+    Raises:
+        SolverError: OR-Tools is not installed.
+        PlacementError: the problem itself is invalid (as `placement.plan` raises).
+    """
+    try:
+        from ortools.sat.python import cp_model
+    except ImportError:
+        raise SolverError(
+            "the solver strategy needs OR-Tools: pip install 'rocm_assets[bench]'"
+        ) from None
+    started = time.perf_counter()
+    busy = dict(busy_until or {})
+    ix = problem.index
+    if hint is None:
+        hint = plan(problem, "default", busy)
+    avail0 = ix.avail(busy)
+    n, m = len(ix.builds), len(ix.names)
+    bound = problem.bounds.best
+    if n == 0:
+        empty = Schedule(SOLVER_STRATEGY, (), 0.0, bound)
+        return SolveResult(empty, "OPTIMAL", 0.0, 0.0, 0.0, hint, False, 0.0, time_limit_s)
+
+    inv = ix.inv_link
+    # exact[i][p]: occupancy on p when every input built in the request is on p too (fixed
+    # inputs already on p cost nothing, as in the cost model); base is it rounded up.
+    exact = [
+        [
+            ix.full[i][p]
+            - (sum(ix.size[k] for k in ix.preds[i]) + ix.fixed_local[i].get(p, 0.0)) * inv[p]
+            for p in range(m)
+        ]
+        for i in range(n)
+    ]
+    base = [[_ceil(x) for x in row] for row in exact]
+    pull = [[_ceil(ix.size[k] * inv[p]) for p in range(m)] for k in range(n)]
+    avail_int = [_ceil(a) for a in avail0]
+    ready_int = [_ceil(r) for r in ix.fixed_ready]
+
+    # Largest rounding a build can carry on any node, summed: what the integer optimum may
+    # exceed the real optimum by, and so what the proven bound gives back.
+    slack = sum(
+        max(
+            base[i][p] - exact[i][p] + sum(pull[k][p] - ix.size[k] * inv[p] for k in ix.preds[i])
+            for p in range(m)
+        )
+        for i in range(n)
+    )
+    if any(a > 0 for a in avail0) or any(r > 0 for r in ix.fixed_ready):
+        slack += 1.0
+
+    # The hint in integer time: same nodes and order, rounded durations.
+    hint_nodes, hint_order = _order_of(hint, problem)
+    hs, he = [0] * n, [0] * n
+    free_at = list(avail_int)
+    for i in hint_order:
+        p = hint_nodes[i]
+        size = base[i][p] + sum(pull[k][p] for k in ix.preds[i] if hint_nodes[k] != p)
+        hs[i] = max([free_at[p], ready_int[i], *(he[k] for k in ix.preds[i])])
+        he[i] = hs[i] + size
+        free_at[p] = he[i]
+    hint_makespan = max(he)
+
+    horizon = hint_makespan
+    model = cp_model.CpModel()
+    start = [model.NewIntVar(0, horizon, f"s{i}") for i in range(n)]
+    end = [model.NewIntVar(0, horizon, f"e{i}") for i in range(n)]
+    on = [[model.NewBoolVar(f"x{i}_{p}") for p in range(m)] for i in range(n)]
+    per_node: list[list[Any]] = [[] for _ in range(m)]
+    sizes: dict[tuple[int, int], Any] = {}
+    for i in range(n):
+        model.AddExactlyOne(on[i])
+        model.Add(start[i] >= ready_int[i])
+        for p in range(m):
+            top = base[i][p] + sum(pull[k][p] for k in ix.preds[i])
+            size = model.NewIntVar(base[i][p], top, f"d{i}_{p}")
+            model.Add(size == base[i][p] + sum(pull[k][p] * (1 - on[k][p]) for k in ix.preds[i]))
+            sizes[i, p] = size
+            per_node[p].append(
+                model.NewOptionalIntervalVar(start[i], size, end[i], on[i][p], f"i{i}_{p}")
+            )
+        for k in ix.preds[i]:
+            model.Add(start[i] >= end[k])
+    for p in range(m):
+        if avail_int[p] > 0:
+            per_node[p].append(model.NewFixedSizeIntervalVar(0, avail_int[p], f"busy{p}"))
+        model.AddNoOverlap(per_node[p])
+    makespan = model.NewIntVar(_ceil(bound - 1e-6 * max(1.0, bound)), horizon, "makespan")
+    model.AddMaxEquality(makespan, end)
+    # Redundant for the model, useful to the relaxation: a node's own work fits in the makespan.
+    for p in range(m):
+        model.Add(sum(base[i][p] * on[i][p] for i in range(n)) + avail_int[p] <= makespan)
+    model.Minimize(makespan)
+
+    for i in range(n):
+        model.AddHint(start[i], hs[i])
+        model.AddHint(end[i], he[i])
+        for p in range(m):
+            model.AddHint(on[i][p], p == hint_nodes[i])
+            model.AddHint(
+                sizes[i, p],
+                base[i][p] + sum(pull[k][p] for k in ix.preds[i] if hint_nodes[k] != p),
+            )
+    model.AddHint(makespan, hint_makespan)
+
+    solver = cp_model.CpSolver()
+    solver.parameters.max_time_in_seconds = max(0.01, float(time_limit_s))
+    solver.parameters.num_workers = workers or min(8, os.cpu_count() or 1)
+    # Presolve may otherwise reduce the model past the hinted solution, and the search then
+    # starts cold: on 50 builds it found nothing at all in 20 s with the hint in hand.
+    solver.parameters.keep_all_feasible_solutions_in_presolve = True
+    status = solver.Solve(model)
+    status_name = solver.StatusName(status)
+    wall = time.perf_counter() - started
+
+    if status in (cp_model.OPTIMAL, cp_model.FEASIBLE):
+        node_of = [next(p for p in range(m) if solver.Value(on[i][p])) for i in range(n)]
+        topo_pos = {i: k for k, i in enumerate(ix.topo)}
+        order = sorted(
+            range(n), key=lambda i: (solver.Value(start[i]), solver.Value(end[i]), topo_pos[i])
+        )
+        found = _schedule(problem, SOLVER_STRATEGY, node_of, order, avail0)
+        objective = float(solver.ObjectiveValue())
+        int_bound = float(solver.BestObjectiveBound())
+    else:
+        found = None
+        objective = float(hint_makespan)
+        int_bound = float(_ceil(bound))
+    if found is None or found.makespan_s > hint.makespan_s + 1e-6:
+        keep_hint, found = True, Schedule(SOLVER_STRATEGY, hint.assignments, hint.makespan_s, bound)
+    else:
+        keep_hint = False
+    return SolveResult(
+        schedule=found,
+        status=status_name,
+        objective_s=objective,
+        bound_s=int_bound,
+        proven_bound_s=max(bound, int_bound - slack),
+        hint=hint,
+        kept_hint=keep_hint,
+        wall_s=wall,
+        time_limit_s=float(time_limit_s),
+    )
