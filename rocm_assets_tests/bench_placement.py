@@ -22,14 +22,14 @@ from rocm_assets.core.placement import (
     choose_placements,
     plan,
 )
-from rocm_assets_tests.test_placement import (
-    SEED_GRAPH,
+from rocm_assets_tests.helpers.placement import (
     FakeCost,
     FakeFleet,
     FakeNode,
     random_problem,
     seed_builds,
 )
+from rocm_assets_tests.helpers.seed import SEED_GRAPH
 
 QUEUED = 1000
 NODES = 50

@@ -18,19 +18,26 @@ import dagster as dg
 import pytest
 from pytest_benchmark.fixture import BenchmarkFixture
 
-from rocm_assets.cli import bench
 from rocm_assets.core.bake import BakeGraph, load_graph
-from rocm_assets_tests.conftest import PROJECT_ROOT
-from rocm_assets_tests.fakes_zot import FakeZot
+from rocm_assets_tests.helpers import PROJECT_ROOT
+from rocm_assets_tests.helpers.registry_tick import (
+    PUSHED_AT,
+    TICK_ARCHES,
+    SensorTicker,
+    fill_registry,
+    materialize_all,
+    tick_bake_file,
+)
+from rocm_assets_tests.servers.fakes import FakeZot
 from rocm_assets_tests.servers.registry import RegistryServer
 
 SHIPPED = PROJECT_ROOT / "rocm-bake.hcl"
 
 
 def _graph(tmp_path: Path, host: str, namespace: str = "rocm-pytorch") -> BakeGraph:
-    bake = bench.tick_bake_file(SHIPPED, tmp_path)
+    bake = tick_bake_file(SHIPPED, tmp_path)
     graph = load_graph(bake, {"REGISTRY": host, "NAMESPACE": namespace})
-    assert len(graph.arches) == bench.TICK_ARCHES
+    assert len(graph.arches) == TICK_ARCHES
     return graph
 
 
@@ -43,8 +50,8 @@ def _run(
     steady: bool,
 ) -> float:
     with dg.instance_for_test() as instance:
-        bench.materialize_all(instance, graph, digests)
-        ticker = bench.SensorTicker(graph, instance, url)
+        materialize_all(instance, graph, digests)
+        ticker = SensorTicker(graph, instance, url)
         _, first = ticker.tick(None)
         cursor = first.cursor if steady else None
         before = served()
@@ -62,8 +69,8 @@ def test_tick_zot(
     benchmark: BenchmarkFixture, zot_fake: FakeZot, tmp_path: Path, steady: bool
 ) -> None:
     graph = _graph(tmp_path, zot_fake.host)
-    digests = bench.fill_registry(
-        graph, zot_fake.host, lambda repo, tag: zot_fake.put(repo, tag, pushed_at=bench.PUSHED_AT)
+    digests = fill_registry(
+        graph, zot_fake.host, lambda repo, tag: zot_fake.put(repo, tag, pushed_at=PUSHED_AT)
     )
     per_tick = _run(benchmark, graph, zot_fake.url, digests, lambda: len(zot_fake.log), steady)
     assert per_tick <= len(zot_fake.repos)
@@ -76,7 +83,7 @@ def test_tick_docker_registry(
 ) -> None:
     namespace = registry_server.new_repo("rocm-pytorch")
     graph = _graph(tmp_path, registry_server.host, namespace)
-    digests = bench.fill_registry(
+    digests = fill_registry(
         graph,
         registry_server.host,
         lambda repo, tag: registry_server.push_image(repo, tag, tag.encode()),

@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-PROJECT_ROOT = Path(__file__).resolve().parent.parent
+from rocm_assets_tests.helpers import PROJECT_ROOT
 
 pytest_plugins = [
     "rocm_assets_tests.servers.registry",

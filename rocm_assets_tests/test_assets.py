@@ -12,7 +12,7 @@ from rocm_assets.core.bake import load_graph
 from rocm_assets.defs.assets import build_asset_specs, build_bake_assets, build_jobs
 from rocm_assets.defs.resources.bake import BakeResource
 from rocm_assets.defs.resources.registry import RegistryResource
-from rocm_assets_tests.conftest import PROJECT_ROOT
+from rocm_assets_tests.helpers import PROJECT_ROOT, with_target
 
 SHIPPED = PROJECT_ROOT / "rocm-bake.hcl"
 
@@ -80,19 +80,14 @@ def test_jobs_mirror_the_groups(graph, defs) -> None:
 
 
 def test_appended_target_becomes_an_asset(tmp_path: Path) -> None:
-    text = (
-        SHIPPED.read_text()
-        + """
+    path = with_target(tmp_path / "bake.hcl", """
 target "extra-wheel" {
   inherits = ["_common"]
   contexts = USE_PUB ? {} : { "vllm" = "target:vllm" }
   args = { VLLM_IMAGE = USE_PUB ? PUB_VLLM : "vllm" }
   tags = [img("extra-wheel", TORCH_TAG)]
 }
-"""
-    )
-    path = tmp_path / "bake.hcl"
-    path.write_text(text)
+""")
     graph = load_graph(path, {})
     loaded = dg.Definitions(
         assets=build_bake_assets(graph),

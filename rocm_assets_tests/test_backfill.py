@@ -32,8 +32,9 @@ import pytest
 import yaml
 from dagster._core.instance.ref import InstanceRef
 
-from rocm_assets.cli.backfill import BackfillError, asset_backfill_params, select, ui_url
+from rocm_assets.cli.backfill import asset_backfill_params, select, ui_url
 from rocm_assets.core.bake import BakeGraph, load_graph
+from rocm_assets.core.builds import Build, SelectionError, build_deps
 from rocm_assets.core.constants import (
     FANOUT_PARENT,
     NOARCH,
@@ -43,10 +44,9 @@ from rocm_assets.core.constants import (
     ROCM_NODE_TAG,
 )
 from rocm_assets.core.registry import parse_image_ref
-from rocm_assets.instance.coordinator import build_deps, parse_build
-from rocm_assets_tests.conftest import PROJECT_ROOT
+from rocm_assets_tests.helpers import PROJECT_ROOT, free_port, with_arch
 from rocm_assets_tests.servers.dockerd import SHIM_DIR, RecordingShim
-from rocm_assets_tests.servers.registry import RegistryServer, free_port
+from rocm_assets_tests.servers.registry import RegistryServer
 
 NEW_ARCH = "gfx1151"
 ARCHES = ("gfx942", "gfx1100")
@@ -86,16 +86,6 @@ class DagsterDev:
     def log_tail(self, lines: int = 40) -> str:
         text = self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
         return "\n".join(text.splitlines()[-lines:])
-
-
-def _with_arch(source: Path, dest: Path, arch: str) -> Path:
-    text = source.read_text()
-    new, count = re.subn(
-        r"^(GPU_ARCHES = \[.*)\]$", rf'\1, "{arch}"]', text, count=1, flags=re.MULTILINE
-    )
-    assert count == 1, f"no one-line GPU_ARCHES list in {source}"
-    dest.write_text(new)
-    return dest
 
 
 def _push_inputs(registry: RegistryServer, graph: BakeGraph, arches: tuple[str, ...]) -> int:
@@ -177,7 +167,7 @@ def dagster_dev(
     (home / "dagster.yaml").write_text(yaml.safe_dump(config))
     fleet = root / "fleet.yaml"
     fleet.write_text(FLEET)
-    bake_file = _with_arch(PROJECT_ROOT / "rocm-bake.hcl", root / "rocm-bake.hcl", NEW_ARCH)
+    bake_file = with_arch(PROJECT_ROOT / "rocm-bake.hcl", root / "rocm-bake.hcl", NEW_ARCH)
     namespace = registry_server.new_repo("rocm-backfill")
     bake_env = {"REGISTRY": registry_server.host, "NAMESPACE": namespace}
     _push_inputs(registry_server, load_graph(bake_file, bake_env), (*ARCHES, NEW_ARCH))
@@ -343,7 +333,7 @@ def test_a_group_backfill_is_one_placed_run_per_build(dagster_dev: DagsterDev) -
 
     # Each build started only once every input it has in this backfill had finished.
     for build, record in runs.items():
-        for dep in build_deps(graph, parse_build(build)):
+        for dep in build_deps(graph, Build.parse(build)):
             if str(dep) in runs:
                 assert record.start_time >= runs[str(dep)].end_time, f"{build} before {dep}"
     assert assert_one_build_per_node_at_a_time(dagster_dev) >= 26
@@ -353,7 +343,7 @@ def test_a_group_backfill_is_one_placed_run_per_build(dagster_dev: DagsterDev) -
     for build, record in runs.items():
         run = record.dagster_run
         bake = bakes[run.run_id]
-        target, arch = parse_build(build).target, parse_build(build).arch
+        target, arch = Build.parse(build).target, Build.parse(build).arch
         argv = bake["argv"]
         assert argv[argv.index("--builder") + 1] == BUILDERS[run.tags[ROCM_NODE_TAG]]
         assert argv[-1] == target
@@ -413,7 +403,7 @@ def test_an_arch_outside_the_bake_file_is_refused_before_the_webserver(
 def test_an_arch_the_webserver_has_not_loaded_says_reload(
     dagster_dev: DagsterDev, tmp_path: Path
 ) -> None:
-    newer = _with_arch(dagster_dev.bake_file, tmp_path / "rocm-bake.hcl", "gfx1152")
+    newer = with_arch(dagster_dev.bake_file, tmp_path / "rocm-bake.hcl", "gfx1152")
     out = backfill_cli(
         dagster_dev, "--bake-file", str(newer), "--targets", "pytorch", "--arch", "gfx1152"
     )
@@ -491,5 +481,5 @@ def test_a_mixed_selection_names_every_target_with_its_partitions() -> None:
 )
 def test_requests_the_bake_file_cannot_build_are_refused(kwargs: dict, message: str) -> None:
     graph = load_graph(PROJECT_ROOT / "rocm-bake.hcl")
-    with pytest.raises(BackfillError, match=re.escape(message)):
+    with pytest.raises(SelectionError, match=re.escape(message)):
         select(graph, **kwargs)

@@ -8,36 +8,10 @@ from pathlib import Path
 import pytest
 
 from rocm_assets.core.bake import BakeError, check_drift, load_bake, load_graph, resolve
-from rocm_assets_tests.conftest import PROJECT_ROOT
+from rocm_assets_tests.helpers import PROJECT_ROOT, with_target
+from rocm_assets_tests.helpers.seed import SEED_EDGES, SEED_GROUPS
 
 SHIPPED = PROJECT_ROOT / "rocm-bake.hcl"
-
-# The seed's Build Graph flowchart, as (producer, consumer) pairs: 27 edges.
-SEED_EDGES = {
-    ("rocm-runtime", "pytorch-base"), ("pytorch-src", "pytorch"), ("pytorch-src", "pytorch-wheel"),
-    ("rocm-runtime", "pytorch-run"), ("pytorch-base", "triton-wheel"), ("pytorch-base", "cupy-wheel"),
-    ("pytorch-base", "pytorch"), ("triton-wheel", "pytorch"), ("pytorch", "pytorch-wheel"),
-    ("pytorch", "pytorch-run"), ("pytorch", "pytorch-test"), ("pytorch", "aiter-wheel"),
-    ("triton-wheel", "aiter-wheel"), ("pytorch", "torchvision-wheel"), ("pytorch", "nixl-wheel"),
-    ("pytorch", "lmcache"), ("triton-wheel", "lmcache"), ("nixl-wheel", "lmcache"),
-    ("cupy-wheel", "lmcache"), ("lmcache", "lmcache-wheel"), ("pytorch", "vllm"),
-    ("triton-wheel", "vllm"), ("aiter-wheel", "vllm"), ("nixl-wheel", "vllm"),
-    ("lmcache-wheel", "vllm"), ("torchvision-wheel", "vllm"), ("vllm", "vllm-wheel"),
-}  # fmt: skip
-SEED_GROUPS = {
-    "default": {
-        "rocm-runtime", "pytorch-src", "pytorch-base", "pytorch", "pytorch-wheel", "triton-wheel",
-        "aiter-wheel", "torchvision-wheel", "cupy-wheel", "nixl-wheel", "vllm", "vllm-wheel",
-        "lmcache", "lmcache-wheel",
-    },
-    "wheels": {
-        "pytorch-wheel", "triton-wheel", "aiter-wheel", "nixl-wheel", "torchvision-wheel",
-        "cupy-wheel", "vllm-wheel", "lmcache-wheel",
-    },
-    "serving": {
-        "torchvision-wheel", "cupy-wheel", "nixl-wheel", "vllm", "vllm-wheel", "lmcache", "lmcache-wheel",
-    },
-}  # fmt: skip
 
 
 def write(tmp_path: Path, text: str, name: str = "bake.hcl") -> Path:
@@ -281,9 +255,7 @@ def test_published_inputs_name_producers(shipped) -> None:
 
 
 def test_appended_target_joins_the_graph(tmp_path: Path) -> None:
-    text = (
-        SHIPPED.read_text()
-        + """
+    path = with_target(tmp_path / "bake.hcl", """
 target "extra-wheel" {
   inherits = ["_common"]
   dockerfile = "docker/extra-wheel.Dockerfile"
@@ -294,9 +266,8 @@ target "extra-wheel" {
   }
   tags = [img("extra-wheel", TORCH_TAG)]
 }
-"""
-    )
-    graph = load_graph(write(tmp_path, text), {})
+""")
+    graph = load_graph(path, {})
     assert graph.deps["extra-wheel"] == ("nixl-wheel", "vllm")
     assert "extra-wheel" in graph.per_arch
     assert graph.edge_count == 29

@@ -14,9 +14,6 @@ import json
 import os
 import random
 import shutil
-import socket
-import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -24,34 +21,22 @@ from typing import Any
 import pytest
 import yaml
 
-from rocm_assets.cli import bench
+from rocm_assets.cli.bench import overhead, results, run, scenarios
 from rocm_assets.cli.gantt import GanttError, write_gantt
 from rocm_assets.core.bake import load_graph
-from rocm_assets.core.placement import Build, CostModel, Problem, plan
-from rocm_assets.instance.coordinator import build_deps, builds_for
-from rocm_assets_tests.conftest import PROJECT_ROOT
-from rocm_assets_tests.servers.sshd import SshdServer
-from rocm_assets_tests.test_placement import (
+from rocm_assets.core.builds import build_deps, builds_for
+from rocm_assets.core.placement import Build, CostModel, Problem, plan, simulate
+from rocm_assets_tests.helpers import PROJECT_ROOT, free_port, rocm_assets_cli, write_fleet
+from rocm_assets_tests.helpers.placement import (
     FakeCost,
     FakeFleet,
     FakeNode,
     random_problem,
     seed_builds,
 )
+from rocm_assets_tests.servers.sshd import SshdServer
 
 SHIPPED_FLEET = PROJECT_ROOT / "fleet.yaml"
-
-
-def cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "rocm_assets.cli", *args],
-        cwd=PROJECT_ROOT,
-        capture_output=True,
-        text=True,
-        env=env,
-        check=False,
-        timeout=600,
-    )
 
 
 # --- the simulator ---------------------------------------------------------------------------
@@ -63,7 +48,9 @@ def test_online_greedy_with_locality_replays_the_static_greedy_plan() -> None:
     for case in range(20):
         p = random_problem(rng)
         problem = Problem(p.builds, p.deps, p.nodes, p.cost)
-        simulated = bench.simulate(problem, bench.online(problem, "greedy", locality=True), "g")
+        simulated = simulate.simulate(
+            problem, simulate.online(problem, "greedy", locality=True), "g"
+        )
         assert simulated.makespan_s == pytest.approx(plan(problem, "greedy").makespan_s), case
 
 
@@ -73,7 +60,7 @@ def test_a_followed_plan_keeps_its_nodes_and_makespan() -> None:
         p = random_problem(rng)
         problem = Problem(p.builds, p.deps, p.nodes, p.cost)
         static = plan(problem, "peft")
-        followed = bench.simulate(problem, bench.follow(problem, static), "peft")
+        followed = simulate.simulate(problem, simulate.follow(problem, static), "peft")
         assert {(a.build, a.node) for a in followed.assignments} == {
             (a.build, a.node) for a in static.assignments
         }, case
@@ -95,12 +82,12 @@ def test_simulator_refuses_a_policy_that_breaks_the_farm_rules() -> None:
     def idle(*_: Any) -> list[tuple[Build, str]]:
         return []
 
-    with pytest.raises(bench.BenchError, match="before its inputs were pushed"):
-        bench.simulate(problem, too_early, "x")
-    with pytest.raises(bench.BenchError, match="twice or on a busy node"):
-        bench.simulate(problem, two_on_one, "x")
-    with pytest.raises(bench.BenchError, match="stalled at 0s with 2 builds pending"):
-        bench.simulate(problem, idle, "x")
+    with pytest.raises(simulate.SimulationError, match="before its inputs were pushed"):
+        simulate.simulate(problem, too_early, "x")
+    with pytest.raises(simulate.SimulationError, match="twice or on a busy node"):
+        simulate.simulate(problem, two_on_one, "x")
+    with pytest.raises(simulate.SimulationError, match="stalled at 0s with 2 builds pending"):
+        simulate.simulate(problem, idle, "x")
 
 
 def test_run_instance_covers_every_strategy_and_the_baselines() -> None:
@@ -111,14 +98,14 @@ def test_run_instance_covers_every_strategy_and_the_baselines() -> None:
     )
     builds, deps = seed_builds(["gfx942", "gfx1100"])
     fleet = FakeFleet(nodes, {"pytorch": FakeCost(7200, 6), "rocm-runtime": FakeCost(720, 8)})
-    instance = bench.Instance("t", Problem(builds, deps, nodes, CostModel(fleet)), "gaming")
-    outcome = bench.run_instance(instance, 2.0, 1, keep=True)
-    assert set(outcome.makespan_s) == set(bench.ALL_STRATEGIES)
-    assert {a.node for a in outcome.schedules[bench.BUILDX_DEFAULT].assignments} == {"gaming"}
-    assert len({a.node for a in outcome.schedules[bench.SINGLE_BEST].assignments}) == 1
+    instance = scenarios.Instance("t", Problem(builds, deps, nodes, CostModel(fleet)), "gaming")
+    outcome = results.run_instance(instance, 2.0, 1, keep=True)
+    assert set(outcome.makespan_s) == set(results.ALL_STRATEGIES)
+    assert {a.node for a in outcome.schedules[results.BUILDX_DEFAULT].assignments} == {"gaming"}
+    assert len({a.node for a in outcome.schedules[results.SINGLE_BEST].assignments}) == 1
     spans = outcome.makespan_s
-    assert spans[bench.SINGLE_BEST] <= spans[bench.BUILDX_DEFAULT] + 1e-6
-    assert spans[bench.SOLVER] <= spans[bench.DEFAULT_PLAN] + 1e-6
+    assert spans[results.SINGLE_BEST] <= spans[results.BUILDX_DEFAULT] + 1e-6
+    assert spans[results.SOLVER] <= spans[results.DEFAULT_PLAN] + 1e-6
     assert outcome.plan_s["default"] <= outcome.plan_s["greedy"] + 1e-6
     for strategy, span in spans.items():
         assert span >= outcome.bound_s - 1e-6, strategy
@@ -130,7 +117,7 @@ def test_run_instance_covers_every_strategy_and_the_baselines() -> None:
 @pytest.fixture(scope="module")
 def quick_bench(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict[str, Any], Path]:
     out = tmp_path_factory.mktemp("bench")
-    done = cli("bench", "--quick", "--instances", "2", "--json", "--out", str(out))
+    done = rocm_assets_cli("bench", "--quick", "--instances", "2", "--json", "--out", str(out))
     assert done.returncode == 0, done.stderr
     return json.loads(done.stdout), out
 
@@ -150,8 +137,8 @@ def test_bench_json_schema(quick_bench: tuple[dict[str, Any], Path]) -> None:
         "gantt",
         "wall_s",
     }
-    assert doc["schema"] == bench.SCHEMA_VERSION and doc["quick"] is True
-    assert doc["strategies"] == list(bench.ALL_STRATEGIES)
+    assert doc["schema"] == run.SCHEMA_VERSION and doc["quick"] is True
+    assert doc["strategies"] == list(results.ALL_STRATEGIES)
     names = [s["name"] for s in doc["scenarios"]]
     assert names == [
         "shipped-1arch",
@@ -173,7 +160,7 @@ def test_bench_json_schema(quick_bench: tuple[dict[str, Any], Path]) -> None:
         "best_ratio_greedy",
     }
     for s in doc["scenarios"]:
-        assert set(s["table"]) == set(bench.ALL_STRATEGIES), s["name"]
+        assert set(s["table"]) == set(results.ALL_STRATEGIES), s["name"]
         assert all(set(row) == stats for row in s["table"].values()), s["name"]
         assert s["table"]["greedy"]["median_ratio_greedy"] == 1.0
         assert len(s["outcomes"]) == s["instances"]
@@ -190,7 +177,6 @@ def test_bench_json_schema(quick_bench: tuple[dict[str, Any], Path]) -> None:
         "solver_100_builds_12_nodes",
         "decision_ms",
         "code_location_load_s",
-        "registry_tick",
     }
     assert all(isinstance(t.get("met", True), bool) for t in doc["targets"].values())
     decision = doc["overhead"]["placement_decision"]
@@ -199,60 +185,15 @@ def test_bench_json_schema(quick_bench: tuple[dict[str, Any], Path]) -> None:
     assert load["over_import_dagster_s"] == pytest.approx(
         load["import_module_s"] + load["defs_s"], abs=0.002
     )
-    assert set(doc["overhead"]) == set(bench.OVERHEADS)
+    assert set(doc["overhead"]) == set(overhead.OVERHEADS)
     # The same document is on disk, with the tables and one chart per strategy and scenario.
     assert json.loads((out / "bench-results.json").read_text()) == doc
     tables = (out / "bench-tables.md").read_text()
     assert all(f"**{name}:" in tables for name in names)
     charted = [n for n in names if n.startswith(("shipped", "skewed"))]
-    assert len(doc["gantt"]) == len(charted) * len(bench.ALL_STRATEGIES)
+    assert len(doc["gantt"]) == len(charted) * len(results.ALL_STRATEGIES)
     for rel in doc["gantt"]:
         assert (out / rel).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", rel
-
-
-def test_bench_registry_tick_schema_and_requests(
-    quick_bench: tuple[dict[str, Any], Path],
-) -> None:
-    doc, _ = quick_bench
-    tick = doc["overhead"]["registry_tick"]
-    figures = {
-        "first_median_s",
-        "first_max_s",
-        "steady_median_s",
-        "steady_max_s",
-        "first_requests",
-        "steady_requests",
-        "first_events",
-    }
-    assert set(tick) == {
-        "asset_targets",
-        "arches",
-        "asset_partitions",
-        "repositories",
-        "ticks",
-        "target_s",
-        "zot",
-        "docker_registry",
-    }
-    graph = load_graph(PROJECT_ROOT / "rocm-bake.hcl", {})
-    per_arch = len(graph.per_arch & set(graph.asset_targets))
-    assert tick["arches"] == bench.TICK_ARCHES and tick["asset_targets"] == len(graph.asset_targets)
-    partitions = per_arch * bench.TICK_ARCHES + len(graph.asset_targets) - per_arch
-    assert tick["asset_partitions"] == partitions
-    repos = tick["repositories"]
-    zot, registry = tick["zot"], tick["docker_registry"]
-    assert set(zot) == figures and set(registry) == figures
-    # GraphQL: one request per repository (the first may add the search probe), steady or not.
-    assert zot["first_requests"] <= repos + 1 and zot["steady_requests"] <= repos
-    # docker-registry: the probe that finds no search, a tags/list per repository, a HEAD per tag.
-    assert registry["steady_requests"] == registry["first_requests"] == 1 + repos + partitions
-    # The first tick observes every tag and evaluates every asset's digest check.
-    assert zot["first_events"] == registry["first_events"] == partitions + len(graph.asset_targets)
-    target = doc["targets"]["registry_tick"]
-    assert target["requests_per_tick"] == zot["steady_requests"]
-    assert target["met"] == (
-        zot["steady_median_s"] <= bench.TARGET_TICK_S and zot["steady_requests"] <= repos
-    )
 
 
 # --- rocm-assets plan ------------------------------------------------------------------------
@@ -290,7 +231,7 @@ def check_plan(data: dict[str, Any], deps: dict[Build, frozenset[Build]]) -> Non
 
 
 def plan_json(*args: str) -> dict[str, Any]:
-    done = cli("plan", "--json", *args)
+    done = rocm_assets_cli("plan", "--json", *args)
     assert done.returncode == 0, done.stderr
     return json.loads(done.stdout)
 
@@ -376,7 +317,7 @@ def test_plan_one_target_plans_only_it_and_lists_its_published_inputs() -> None:
     }
     assert all(p["needed_by"] == ["vllm@gfx950"] for p in published.values())
     assert published["pytorch", "gfx950"]["image"].endswith("/pytorch:2.15.0-10.1.0-full-gfx950")
-    text = cli("plan", "--targets", "vllm", "--arch", "gfx950")
+    text = rocm_assets_cli("plan", "--targets", "vllm", "--arch", "gfx950")
     assert text.returncode == 0, text.stderr
     assert "must already be published: " in text.stdout
     assert "vllm@gfx950" in text.stdout.splitlines()[1]
@@ -386,7 +327,7 @@ def test_plan_one_target_plans_only_it_and_lists_its_published_inputs() -> None:
     ("args", "message"),
     [
         # A test target is not part of the build graph.
-        (("--targets", "pytorch-test"), "pytorch-test is a test target"),
+        (("--targets", "pytorch-test"), "'pytorch-test' is a test target"),
         (("--targets", "nope"), "no target 'nope' in rocm-bake.hcl"),
         (("--group", "all"), "no group 'all' in rocm-bake.hcl"),
         (("--arch", "gfx9000"), "unknown arch 'gfx9000'"),
@@ -395,7 +336,7 @@ def test_plan_one_target_plans_only_it_and_lists_its_published_inputs() -> None:
     ],
 )
 def test_plan_bad_input_is_one_line_exit_2(args: tuple[str, ...], message: str) -> None:
-    done = cli("plan", *args)
+    done = rocm_assets_cli("plan", *args)
     assert done.returncode == 2
     assert done.stderr.count("\n") == 1 and message in done.stderr, done.stderr
 
@@ -427,7 +368,7 @@ def test_gantt_writes_svg_png_and_self_contained_html(tmp_path: Path) -> None:
 
 def test_plan_gantt_from_the_cli(tmp_path: Path) -> None:
     chart = tmp_path / "plan.html"
-    done = cli("plan", "--arch", "gfx942", "--gantt", str(chart))
+    done = rocm_assets_cli("plan", "--arch", "gfx942", "--gantt", str(chart))
     assert done.returncode == 0, done.stderr
     html = chart.read_text()
     for node in ("snoc-think", "snoc-gaming", "snoc-lab", "snoc-nuc", "snoc-cloud"):
@@ -449,42 +390,23 @@ def probe_env(sshd_server: SshdServer, tmp_path: Path) -> Iterator[dict[str, str
     yield {**os.environ, "HOME": str(home), "ROCM_SSH_KNOWN_HOSTS": str(sshd_server.known_hosts)}
 
 
-def _closed_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def _probe_fleet(tmp_path: Path, nodes: list[dict[str, Any]]) -> Path:
-    path = tmp_path / "probed.yaml"
-    path.write_text(
-        yaml.safe_dump(
-            {
-                "nodes": nodes,
-                "target_costs": {"reference": {"cores": 32, "mem_gb": 122}},
-            }
-        )
-    )
-    return path
-
-
 @pytest.mark.real
 def test_best_picks_the_strongest_reachable_node(
     sshd_server: SshdServer, probe_env: dict[str, str], tmp_path: Path
 ) -> None:
-    fleet = _probe_fleet(
-        tmp_path,
+    fleet = write_fleet(
+        tmp_path / "probed.yaml",
         [
             {"name": n, "builder": f"{n}-builder", "ssh": sshd_server.ssh_address(n), "cores": 8,
              "mem_gb": 16.0, "link_mbps": 100.0}
             for n in ("small", "big")
         ]
         + [
-            {"name": "down", "builder": "down", "ssh": f"root@127.0.0.1:{_closed_port()}",
+            {"name": "down", "builder": "down", "ssh": f"root@127.0.0.1:{free_port()}",
              "cores": 64, "mem_gb": 512.0, "link_mbps": 1000.0},
         ],
     )  # fmt: skip
-    done = cli("best", "--json", "--fleet", str(fleet), env=probe_env)
+    done = rocm_assets_cli("best", "--json", "--fleet", str(fleet), env=probe_env)
     assert done.returncode == 0, done.stderr
     data = json.loads(done.stdout)
     # big: 100 GiB free + 24 idle cores, read over ssh from its canned /proc.
@@ -496,7 +418,7 @@ def test_best_picks_the_strongest_reachable_node(
         "down": False,
     }
     assert "rocm-assets: excluded down: ssh connection to root@127.0.0.1" in done.stderr
-    text = cli("best", "--fleet", str(fleet), env=probe_env)
+    text = rocm_assets_cli("best", "--fleet", str(fleet), env=probe_env)
     assert text.stdout.startswith(
         "big: score 124.0 (100.0 GB free + 24.0 idle cores of 32; probed)"
     )
@@ -506,17 +428,17 @@ def test_best_picks_the_strongest_reachable_node(
 def test_plan_probe_plans_only_on_reachable_nodes(
     sshd_server: SshdServer, probe_env: dict[str, str], tmp_path: Path
 ) -> None:
-    fleet = _probe_fleet(
-        tmp_path,
+    fleet = write_fleet(
+        tmp_path / "probed.yaml",
         [
             {"name": "big", "builder": "big-builder", "ssh": sshd_server.ssh_address("big"),
              "cores": 32, "mem_gb": 122.0, "link_mbps": 1000.0},
-            {"name": "down", "builder": "down", "ssh": f"root@127.0.0.1:{_closed_port()}",
+            {"name": "down", "builder": "down", "ssh": f"root@127.0.0.1:{free_port()}",
              "cores": 64, "mem_gb": 512.0, "link_mbps": 1000.0},
             {"name": "cloud", "builder": "cloud", "cores": 16, "mem_gb": 64.0, "link_mbps": 800.0},
         ],
     )  # fmt: skip
-    done = cli(
+    done = rocm_assets_cli(
         "plan", "--json", "--probe", "--fleet", str(fleet), "--arch", "gfx942", env=probe_env
     )
     assert done.returncode == 0, done.stderr
@@ -529,22 +451,22 @@ def test_plan_probe_plans_only_on_reachable_nodes(
 def test_best_without_ssh_uses_fleet_figures_and_none_reachable_is_exit_2(
     tmp_path: Path,
 ) -> None:
-    fleet = _probe_fleet(
-        tmp_path,
+    fleet = write_fleet(
+        tmp_path / "probed.yaml",
         [
             {"name": "a", "builder": "a", "cores": 16, "mem_gb": 64.0, "link_mbps": 100.0},
             {"name": "b", "builder": "b", "cores": 48, "mem_gb": 96.0, "link_mbps": 100.0},
         ],
     )
-    done = cli("best", "--json", "--fleet", str(fleet))
+    done = rocm_assets_cli("best", "--json", "--fleet", str(fleet))
     assert done.returncode == 0, done.stderr
     data = json.loads(done.stdout)
     assert (data["node"], data["score"], data["probed"]) == ("b", 144.0, False)
-    down = _probe_fleet(
-        tmp_path,
-        [{"name": "down", "builder": "down", "ssh": f"root@127.0.0.1:{_closed_port()}",
+    down = write_fleet(
+        tmp_path / "probed.yaml",
+        [{"name": "down", "builder": "down", "ssh": f"root@127.0.0.1:{free_port()}",
           "cores": 8, "mem_gb": 16.0, "link_mbps": 100.0}],
     )  # fmt: skip
-    done = cli("best", "--fleet", str(down))
+    done = rocm_assets_cli("best", "--fleet", str(down))
     assert done.returncode == 2
     assert done.stderr.splitlines()[-1].startswith(f"rocm-assets: error: no node of {down}")

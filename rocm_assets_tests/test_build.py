@@ -12,7 +12,6 @@ import os
 import shlex
 import signal
 import sys
-import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -27,6 +26,7 @@ from rocm_assets.core.build import (
     parse_metadata,
     run_bake,
 )
+from rocm_assets_tests.helpers import alive, wait_until
 from rocm_assets_tests.servers.dockerd import E2E_BAKE_FILE, E2E_DIR, SHIM_BUILDER, RecordingShim
 
 RUN_ID = "4f1c2d3e-run"
@@ -72,22 +72,6 @@ def stand_in(tmp_path: Path, body: str, **extra: str) -> dict[str, str]:
     script.write_text(f"#!{sys.executable}\n{body}")
     script.chmod(0o755)
     return {**os.environ, "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}", **extra}
-
-
-def alive(pid: int) -> bool:
-    """Running or stopped; a zombie has ended (nothing here reaps an orphaned grandchild)."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except FileNotFoundError:
-        return False
-    return stat.rsplit(")", 1)[1].split()[0] != "Z"
-
-
-def wait_until(condition: Callable[[], bool], what: str) -> None:
-    deadline = time.monotonic() + HANG_GUARD_S
-    while not condition():
-        assert time.monotonic() < deadline, f"{what} did not happen"
-        time.sleep(0.02)
 
 
 # ##### ARGV AND ENV

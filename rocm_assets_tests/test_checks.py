@@ -10,13 +10,11 @@ which no package ships: the recording docker shim stands in for the test image's
 """
 
 import asyncio
-import socket
 from pathlib import Path
 from typing import Any
 
 import dagster as dg
 import pytest
-import yaml
 from dagster._core.event_api import PartitionKeyFilter
 from dagster._core.loader import LoadingContextForTest
 from dagster._core.storage.asset_check_execution_record import (
@@ -25,7 +23,8 @@ from dagster._core.storage.asset_check_execution_record import (
 )
 
 from rocm_assets.core.bake import BakeGraph, load_graph
-from rocm_assets.core.fleet import Node, NodeCommandError, OutputTail, run_on_node
+from rocm_assets.core.fleet import Node
+from rocm_assets.core.probes import NodeCommandError, OutputTail, run_on_node
 from rocm_assets.defs.assets import build_bake_assets, build_jobs
 from rocm_assets.defs.checks import (
     GpuTestResource,
@@ -36,7 +35,7 @@ from rocm_assets.defs.checks import (
 )
 from rocm_assets.defs.resources.bake import BakeResource
 from rocm_assets.defs.resources.registry import RegistryResource
-from rocm_assets_tests.conftest import PROJECT_ROOT
+from rocm_assets_tests.helpers import PROJECT_ROOT, free_port, write_fleet
 from rocm_assets_tests.servers.sshd import SshdServer
 
 SHIPPED = PROJECT_ROOT / "rocm-bake.hcl"
@@ -46,23 +45,6 @@ PARTITION_TAG = "dagster/partition"
 @pytest.fixture(scope="module")
 def graph() -> BakeGraph:
     return load_graph(SHIPPED, {})
-
-
-def _closed_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def _fleet_file(path: Path, nodes: list[dict[str, Any]]) -> Path:
-    doc = {
-        "nodes": [
-            {"builder": n["name"], "cores": 8, "mem_gb": 16, "link_mbps": 100, **n} for n in nodes
-        ],
-        "target_costs": {"reference": {"cores": 32, "mem_gb": 122}},
-    }
-    path.write_text(yaml.safe_dump(doc, sort_keys=False))
-    return path
 
 
 @pytest.fixture(autouse=True)
@@ -80,16 +62,19 @@ def recorded_bake(docker_shim_record, monkeypatch: pytest.MonkeyPatch):
 def gpu_fleet(tmp_path: Path, sshd_server: SshdServer) -> Path:
     """gfx942 on "big" (docker exits 0), gfx950 on "small" (exits 1), gfx1100 on "stuck" (hangs),
     gfx1201 on a dead port first and "big" second, and gfx1250 nowhere."""
-    return _fleet_file(
+    return write_fleet(
         tmp_path / "fleet.yaml",
         [
             {"name": "gpu-ok", "ssh": sshd_server.ssh_address("big"), "gpus": ["gfx942"]},
             {"name": "gpu-bad", "ssh": sshd_server.ssh_address("small"), "gpus": ["gfx950"]},
             {"name": "gpu-stuck", "ssh": sshd_server.ssh_address("stuck"), "gpus": ["gfx1100"]},
-            {"name": "gpu-gone", "ssh": f"root@127.0.0.1:{_closed_port()}", "gpus": ["gfx1201"]},
+            {"name": "gpu-gone", "ssh": f"root@127.0.0.1:{free_port()}", "gpus": ["gfx1201"]},
             {"name": "gpu-ok-2", "ssh": sshd_server.ssh_address("big"), "gpus": ["gfx1201"]},
             {"name": "builder-only", "ssh": sshd_server.ssh_address("big")},
         ],
+        cores=8,
+        mem_gb=16,
+        link_mbps=100,
     )
 
 
@@ -235,7 +220,13 @@ def test_check_is_skipped_where_no_node_has_the_gpu(graph, sshd_server, gpu_flee
 
 
 def test_check_is_skipped_where_the_gpu_node_has_no_ssh(graph, tmp_path) -> None:
-    fleet = _fleet_file(tmp_path / "fleet.yaml", [{"name": "desk", "gpus": ["gfx1250"]}])
+    fleet = write_fleet(
+        tmp_path / "fleet.yaml",
+        [{"name": "desk", "gpus": ["gfx1250"]}],
+        cores=8,
+        mem_gb=16,
+        link_mbps=100,
+    )
     with dg.instance_for_test() as instance:
         result = _run_check(graph, GpuTestResource(fleet_file=str(fleet)), instance, "gfx1250")
         assert result.success
@@ -289,7 +280,9 @@ def test_a_missing_fleet_file_is_one_line(graph, tmp_path) -> None:
 
 
 def test_check_without_an_arch_says_how_to_give_one(graph, tmp_path) -> None:
-    fleet = _fleet_file(tmp_path / "fleet.yaml", [{"name": "desk"}])
+    fleet = write_fleet(
+        tmp_path / "fleet.yaml", [{"name": "desk"}], cores=8, mem_gb=16, link_mbps=100
+    )
     with dg.instance_for_test() as instance:
         result = _run_check(graph, GpuTestResource(fleet_file=str(fleet)), instance, None)
         assert not result.success

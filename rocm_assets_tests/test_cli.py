@@ -1,31 +1,16 @@
 """`rocm-assets graph` and `check`, run as the installed console script (a real subprocess)."""
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
-from rocm_assets_tests.conftest import PROJECT_ROOT
-from rocm_assets_tests.test_bake import SEED_EDGES, SEED_GROUPS
+from rocm_assets_tests.helpers import PROJECT_ROOT, rocm_assets_cli
+from rocm_assets_tests.helpers.seed import SEED_EDGES, SEED_GROUPS
 
 SHIPPED = PROJECT_ROOT / "rocm-bake.hcl"
 
 
-def run(
-    *args: str, cwd: Path = PROJECT_ROOT, env: dict[str, str] | None = None
-) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "rocm_assets.cli", *args],
-        cwd=cwd,
-        capture_output=True,
-        text=True,
-        env=env,
-        check=False,
-    )
-
-
 def test_graph_json_is_the_seeds() -> None:
-    out = run("graph", "--json")
+    out = rocm_assets_cli("graph", "--json")
     assert out.returncode == 0, out.stderr
     data = json.loads(out.stdout)
     assert set(data) == {"arches", "targets", "groups"}
@@ -48,27 +33,28 @@ def test_graph_arch_and_bake_file_from_env(tmp_path: Path) -> None:
     copy = tmp_path / "copy.hcl"
     copy.write_text(SHIPPED.read_text())
     env = {"PATH": "/usr/bin:/bin", "ROCM_BAKE_FILE": str(copy), "HOME": str(tmp_path)}
-    out = run("graph", "--json", "--arch", "gfx1250", cwd=tmp_path, env=env)
+    out = rocm_assets_cli("graph", "--json", "--arch", "gfx1250", cwd=tmp_path, env=env)
     assert out.returncode == 0, out.stderr
     assert json.loads(out.stdout)["targets"]["pytorch"]["tags"][0].endswith("-gfx1250")
 
 
 def test_unknown_arch_is_one_line_exit_2() -> None:
-    out = run("graph", "--arch", "gfx9000")
+    out = rocm_assets_cli("graph", "--arch", "gfx9000")
     assert out.returncode == 2
     assert (
         out.stderr
-        == "rocm-assets: error: unknown arch 'gfx9000': the bake file builds gfx942, gfx950, gfx1100, gfx1201, gfx1250\n"
+        == "rocm-assets: error: unknown arch 'gfx9000': rocm-bake.hcl builds gfx942, gfx950, gfx1100, "
+        "gfx1201, gfx1250 (add it to GPU_ARCHES there to make it a partition)\n"
     )
 
 
 def test_bad_file_is_one_line_exit_2(tmp_path: Path) -> None:
     bad = tmp_path / "bad.hcl"
     bad.write_text('GPU_ARCHES = ["gfx942"]\ntarget "a" {\n  tags = [frob()]\n}\n')
-    out = run("graph", "--bake-file", str(bad))
+    out = rocm_assets_cli("graph", "--bake-file", str(bad))
     assert out.returncode == 2
     assert out.stderr == f"rocm-assets: error: {bad}:3: unknown function 'frob'\n"
-    missing = run("check", "--bake-file", str(tmp_path / "nope.hcl"))
+    missing = rocm_assets_cli("check", "--bake-file", str(tmp_path / "nope.hcl"))
     assert (
         missing.returncode == 2
         and missing.stderr.count("\n") == 1
@@ -77,7 +63,7 @@ def test_bad_file_is_one_line_exit_2(tmp_path: Path) -> None:
 
 
 def test_check_passes_then_fails_on_drift(tmp_path: Path) -> None:
-    ok = run("check")
+    ok = rocm_assets_cli("check")
     assert ok.returncode == 0, ok.stderr
     assert "ok: 16 targets, 27 edges, 3 groups" in ok.stdout
     drifted = tmp_path / "drifted.hcl"
@@ -87,7 +73,7 @@ def test_check_passes_then_fails_on_drift(tmp_path: Path) -> None:
             'PUB_BASE    = img("pytorch-base", SDE_ROCM_VERSION)',
         )
     )
-    out = run("check", "--bake-file", str(drifted))
+    out = rocm_assets_cli("check", "--bake-file", str(drifted))
     assert out.returncode == 1
     lines = out.stderr.splitlines()
     assert lines[0] == (

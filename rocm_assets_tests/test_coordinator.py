@@ -27,6 +27,7 @@ from dagster._core.workspace.load_target import EmptyWorkspaceTarget, ModuleTarg
 from dagster._daemon.run_coordinator.queued_run_coordinator_daemon import QueuedRunCoordinatorDaemon
 
 from rocm_assets.core.bake import load_graph
+from rocm_assets.core.builds import Build, build_deps
 from rocm_assets.core.constants import (
     FANOUT_PARENT,
     PLACEMENT_PLACED,
@@ -40,8 +41,7 @@ from rocm_assets.core.constants import (
     ROCM_PLACEMENT_TAG,
     ROCM_WAITING_FOR_TAG,
 )
-from rocm_assets.instance.coordinator import build_deps, parse_build
-from rocm_assets_tests.conftest import PROJECT_ROOT
+from rocm_assets_tests.helpers import PROJECT_ROOT
 
 BAKE = PROJECT_ROOT / "rocm-bake.hcl"
 FLEET = """
@@ -215,7 +215,7 @@ def test_many_runs_one_build_per_node_and_dependency_gating(instance: dg.Dagster
         nodes = [r.tags[ROCM_NODE_TAG] for r in holding]
         assert len(nodes) == len(set(nodes)), f"two builds on one node: {nodes}"
         for run in holding:
-            build = parse_build(run.tags[ROCM_BUILD_TAG])
+            build = Build.parse(run.tags[ROCM_BUILD_TAG])
             deps = {str(d) for d in build_deps(graph, build)}
             assert deps <= done, f"{build} started before {deps - done}"
             assert run.tags[ROCM_EST_FINISH_TAG] and int(run.tags[ROCM_MAX_JOBS_TAG]) >= 1
@@ -388,7 +388,6 @@ def test_finished_inputs_are_known_by_the_node_that_built_them(
     instance: dg.DagsterInstance,
 ) -> None:
     """Locality: a dependent placed where its input was built pulls nothing (`pushed`)."""
-    from rocm_assets.core.placement import Build
 
     for node in ("big", "mid"):  # rebuilt: the newer build's node wins
         run = create_run_for_test(

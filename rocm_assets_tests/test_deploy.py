@@ -50,7 +50,7 @@ from dagster_docker import DockerRunLauncher
 
 from rocm_assets.core import constants
 from rocm_assets.instance.coordinator import PlacementRunCoordinator
-from rocm_assets_tests.conftest import PROJECT_ROOT
+from rocm_assets_tests.helpers import PROJECT_ROOT
 from rocm_assets_tests.servers.dockerd import Dockerd
 from rocm_assets_tests.servers.registry import RegistryServer
 

@@ -21,24 +21,27 @@ import yaml
 from rocm_assets.core.constants import FLEET_FILE_ENV, SSH_KNOWN_HOSTS_ENV
 from rocm_assets.core.fleet import (
     DEFAULT_TARGET_COST,
-    CpuSample,
     FleetError,
     Node,
+    TargetCost,
+    fleet_path,
+    load_fleet,
+    parse_fleet,
+)
+from rocm_assets.core.probes import (
+    CpuSample,
     NodeProbe,
     ProbeError,
-    TargetCost,
     best_node,
-    fleet_path,
     idle_cores,
-    load_fleet,
     parse_cpu_sample,
-    parse_fleet,
     parse_meminfo_available,
     parse_probe_output,
     probe_fleet,
     probe_node,
     probe_script,
 )
+from rocm_assets_tests.helpers import free_port
 from rocm_assets_tests.servers.sshd import SshdServer
 
 # The seed's sixteen bake targets.
@@ -445,12 +448,6 @@ def _node(sshd: SshdServer, canned: str, *, builder: str | None = None) -> Node:
     )
 
 
-def _closed_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 @pytest.fixture
 def silent_port() -> Iterator[int]:
     """A TCP port that accepts connections (kernel backlog) and never sends an SSH banner."""
@@ -464,7 +461,7 @@ def silent_port() -> Iterator[int]:
 def test_probe_fleet_ranks_real_nodes_and_excludes_the_unreachable(
     sshd_server: SshdServer,
 ) -> None:
-    dead_port = _closed_port()
+    dead_port = free_port()
     fleet = parse_fleet(
         yaml.safe_dump(
             {

@@ -36,7 +36,7 @@ from rocm_assets.defs.assets import build_bake_assets
 from rocm_assets.defs.freshness import DEFAULT_WINDOW, WINDOWS, freshness_window
 from rocm_assets.defs.resources.bake import BakeResource
 from rocm_assets.defs.resources.registry import RegistryResource
-from rocm_assets_tests.conftest import PROJECT_ROOT
+from rocm_assets_tests.helpers import PROJECT_ROOT
 
 SHIPPED = PROJECT_ROOT / "rocm-bake.hcl"
 # A default-window wheel and the one target with its own window.

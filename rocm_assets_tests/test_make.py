@@ -12,9 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from rocm_assets_tests.conftest import PROJECT_ROOT
+from rocm_assets_tests.helpers import PROJECT_ROOT, free_port
 from rocm_assets_tests.servers.dockerd import RecordingShim
-from rocm_assets_tests.servers.registry import free_port
 
 # Where the running interpreter's console scripts are: the Makefile's $(BIN) for these tests.
 BIN = Path(sys.executable).parent

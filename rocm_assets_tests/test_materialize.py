@@ -40,6 +40,7 @@ from dagster._daemon.run_coordinator.queued_run_coordinator_daemon import Queued
 
 from rocm_assets.core.bake import load_graph
 from rocm_assets.core.constants import ROCM_MAX_JOBS_TAG, ROCM_NODE_TAG
+from rocm_assets_tests.helpers import alive
 from rocm_assets_tests.servers.dockerd import (
     E2E_BAKE_FILE,
     PROJECT_ROOT,
@@ -48,7 +49,6 @@ from rocm_assets_tests.servers.dockerd import (
     RecordingShim,
 )
 from rocm_assets_tests.servers.registry import RegistryServer
-from rocm_assets_tests.test_build import alive
 
 DEFINITIONS = "rocm_assets.definitions"
 LOCATION = "rocm_assets"

@@ -6,20 +6,18 @@ shipped fleet.yaml through the real rocm_assets.core.fleet models and NodeProbe.
 """
 
 import random
-from collections.abc import Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
-from rocm_assets.core.fleet import NodeProbe, load_fleet
+from rocm_assets.core.fleet import load_fleet
 from rocm_assets.core.placement import (
     ALPHA,
     STRATEGIES,
     Assignment,
     Build,
     CostModel,
-    Placed,
     PlacementError,
     Problem,
     choose_placements,
@@ -28,134 +26,17 @@ from rocm_assets.core.placement import (
     plan,
     validate_schedule,
 )
-
-
-@dataclass(frozen=True)
-class FakeNode:
-    name: str
-    cores: int = 32
-    mem_gb: float = 122.0
-    link_mbps: float = 1000.0
-    builder: str = ""
-    ssh: str | None = None
-    gpus: tuple[str, ...] = ()
-
-
-@dataclass(frozen=True)
-class FakeCost:
-    seconds: float
-    size_gb: float
-
-
-@dataclass(frozen=True)
-class FakeReference:
-    cores: int = 32
-    mem_gb: float = 122.0
-
-
-@dataclass(frozen=True)
-class FakeFleet:
-    nodes: tuple[FakeNode, ...]
-    costs: Mapping[str, FakeCost] = field(default_factory=dict)
-    reference: FakeReference = FakeReference()
-    default: FakeCost = FakeCost(600.0, 1.0)
-
-    def cost(self, target: str) -> FakeCost:
-        return self.costs.get(target, self.default)
-
-
-@dataclass(frozen=True)
-class FakeProbe:
-    node: str
-    ok: bool = True
-    reason: str | None = None
-    mem_available_gb: float | None = None
-    cores: int | None = None
-    idle_cores: float | None = None
-
-
-# The seed's graph (its flowchart): target -> the targets it takes contexts from.
-SEED_GRAPH: dict[str, tuple[str, ...]] = {
-    "rocm-runtime": (),
-    "pytorch-src": (),
-    "pytorch-base": ("rocm-runtime",),
-    "triton-wheel": ("pytorch-base",),
-    "cupy-wheel": ("pytorch-base",),
-    "pytorch": ("pytorch-src", "pytorch-base", "triton-wheel"),
-    "pytorch-wheel": ("pytorch-src", "pytorch"),
-    "aiter-wheel": ("pytorch", "triton-wheel"),
-    "torchvision-wheel": ("pytorch",),
-    "nixl-wheel": ("pytorch",),
-    "lmcache": ("pytorch", "triton-wheel", "nixl-wheel", "cupy-wheel"),
-    "lmcache-wheel": ("lmcache",),
-    "vllm": (
-        "pytorch",
-        "triton-wheel",
-        "aiter-wheel",
-        "nixl-wheel",
-        "lmcache-wheel",
-        "torchvision-wheel",
-    ),
-    "vllm-wheel": ("vllm",),
-}
-SEED_NOARCH = {"pytorch-src", "triton-wheel"}
-
-
-def seed_builds(arches: list[str]) -> tuple[tuple[Build, ...], dict[Build, frozenset[Build]]]:
-    """The seed's default group for `arches`; noarch targets are built once."""
-
-    def build(target: str, arch: str) -> Build:
-        return Build(target, None if target in SEED_NOARCH else arch)
-
-    deps = {
-        build(t, a): frozenset(build(d, a) for d in inputs)
-        for a in arches
-        for t, inputs in SEED_GRAPH.items()
-    }
-    return tuple(sorted(deps)), deps
-
-
-def random_problem(rng: random.Random, max_nodes: int = 12, max_targets: int = 24) -> Problem:
-    """A random fleet of 2..max_nodes nodes (links spanning 25x) and a random DAG: the seed graph
-    for 1..3 arches or a layered random graph; part of it requested, the rest taken as published;
-    sometimes measured durations and already-placed inputs."""
-    nodes = tuple(
-        FakeNode(
-            f"n{p:02d}",
-            cores=rng.choice([8, 16, 24, 32, 48, 64]),
-            mem_gb=rng.uniform(12, 256),
-            link_mbps=40 * 25 ** rng.random(),
-        )
-        for p in range(rng.randint(2, max_nodes))
-    )
-    if rng.random() < 0.3:
-        builds, deps = seed_builds([f"gfx{900 + a}" for a in range(rng.randint(1, 3))])
-        targets = list(SEED_GRAPH)
-    else:
-        targets = [f"t{k:02d}" for k in range(rng.randint(1, max_targets))]
-        deps = {}
-        for k, t in enumerate(targets):
-            arch = None if rng.random() < 0.15 else "gfx942"
-            earlier = [b for b in deps if int(b.target[1:]) < k]
-            chosen = rng.sample(earlier, min(len(earlier), rng.randint(0, 3)))
-            deps[Build(t, arch)] = frozenset(chosen)
-        builds = tuple(sorted(deps))
-    costs = {t: FakeCost(60 * 180 ** rng.random(), rng.uniform(0.05, 12)) for t in targets}
-    fleet = FakeFleet(nodes, costs)
-    requested = tuple(b for b in builds if rng.random() < 0.85) or builds[:1]
-    outside = [b for b in builds if b not in requested]
-    placed = {
-        b: Placed(rng.choice(nodes).name, rng.uniform(-100, 3000))
-        for b in outside
-        if rng.random() < 0.5
-    }
-    measured = {
-        (t, node.name, max_jobs(node)): 60 * 180 ** rng.random()
-        for t in targets
-        for node in nodes
-        if rng.random() < 0.1
-    }
-    return Problem(requested, deps, nodes, CostModel(fleet, measured=measured), placed)
+from rocm_assets.core.probes import NodeProbe
+from rocm_assets_tests.helpers.placement import (
+    FakeCost,
+    FakeFleet,
+    FakeNode,
+    FakeProbe,
+    lpt_trap,
+    make_problem,
+    random_problem,
+    seed_builds,
+)
 
 
 @pytest.mark.parametrize(
@@ -246,12 +127,6 @@ def test_transfers_push_and_pull_only_across_nodes() -> None:
     assert _duration_on(n1, fleet, {}) == pytest.approx(4 * 8000 / 100 + 50 + 2 * 8000 / 100)
 
 
-def _problem(
-    nodes: tuple[FakeNode, ...], costs: dict[str, FakeCost], deps: dict[Build, frozenset[Build]]
-) -> Problem:
-    return Problem(tuple(deps), deps, nodes, CostModel(FakeFleet(nodes, costs)))
-
-
 def _placement(assignments: tuple[Assignment, ...], build: Build) -> tuple[str, float, float]:
     (a,) = [a for a in assignments if a.build == build]
     return a.node, a.start_s, a.end_s
@@ -264,7 +139,9 @@ def test_greedy_sends_to_soonest_finish_not_least_loaded() -> None:
     big = FakeNode("big", cores=32, mem_gb=122, link_mbps=40)
     small = FakeNode("small", cores=16, mem_gb=15, link_mbps=1000)
     x = Build("x", "gfx942")
-    schedule = plan(_problem((big, small), {"x": FakeCost(600, 10)}, {x: frozenset()}), "greedy")
+    schedule = plan(
+        make_problem((big, small), {"x": FakeCost(600, 10)}, {x: frozenset()}), "greedy"
+    )
     node, start, end = _placement(schedule.assignments, x)
     assert (node, start) == ("small", 0.0)
     assert end == pytest.approx(600 * (32 / 7) ** ALPHA + 80)
@@ -278,7 +155,7 @@ def test_greedy_gives_the_longest_eligible_build_first_choice() -> None:
     long_, short = Build("long"), Build("short")
     costs = {"long": FakeCost(3000, 0.1), "short": FakeCost(300, 0.1)}
     schedule = plan(
-        _problem((fast, slow), costs, {long_: frozenset(), short: frozenset()}), "greedy"
+        make_problem((fast, slow), costs, {long_: frozenset(), short: frozenset()}), "greedy"
     )
     assert _placement(schedule.assignments, long_)[:2] == ("fast", 0.0)
     assert _placement(schedule.assignments, short)[:2] == ("slow", 0.0)
@@ -292,7 +169,7 @@ def test_greedy_uses_a_free_node_rather_than_wait_for_a_faster_one() -> None:
     slow = FakeNode("slow", cores=4)
     a, b, c = Build("a"), Build("b"), Build("c")
     costs = {"a": FakeCost(1000, 0.0), "b": FakeCost(180, 0.0), "c": FakeCost(100, 0.0)}
-    problem = _problem((fast, slow), costs, {a: frozenset(), b: frozenset(), c: frozenset()})
+    problem = make_problem((fast, slow), costs, {a: frozenset(), b: frozenset(), c: frozenset()})
     schedule = plan(problem, "greedy")
     assert _placement(schedule.assignments, a)[:2] == ("fast", 0.0)
     b_node, _, b_end = _placement(schedule.assignments, b)
@@ -300,20 +177,6 @@ def test_greedy_uses_a_free_node_rather_than_wait_for_a_faster_one() -> None:
     assert _placement(schedule.assignments, c)[:2] == ("slow", b_end)
     assert _placement(plan(problem, "critical-path").assignments, c)[:3] == ("fast", 1000.0, 1100.0)
     assert validate_schedule(problem, schedule) == []
-
-
-def lpt_trap() -> Problem:
-    """Two equal nodes. head (20 s) gates tail (100 s); side1 and side2 (50 s each) are longer
-    than head, so the seed's LPT rule starts them first and the chain waits: 50 + 20 + 100.
-    Upward rank starts head at once: 20 + 100, the sides fill the other node."""
-    nodes = (FakeNode("n1"), FakeNode("n2"))
-    head, tail, side1, side2 = Build("head"), Build("tail"), Build("side1"), Build("side2")
-    costs = {
-        t: FakeCost(s, 0.001)
-        for t, s in {"head": 20, "tail": 100, "side1": 50, "side2": 50}.items()
-    }
-    deps = {head: frozenset(), tail: frozenset({head}), side1: frozenset(), side2: frozenset()}
-    return _problem(nodes, costs, deps)
 
 
 def test_critical_path_beats_greedy_when_lpt_starts_side_targets_first() -> None:
@@ -370,7 +233,7 @@ def test_stage_bound_counts_work_below_the_neck() -> None:
 def test_busy_nodes_take_nothing_before_they_free() -> None:
     nodes = (FakeNode("n1"), FakeNode("n2"))
     deps = {Build(f"b{k}"): frozenset() for k in range(4)}
-    problem = _problem(nodes, {}, deps)
+    problem = make_problem(nodes, {}, deps)
     for name in STRATEGIES:
         schedule = plan(problem, name, busy_until={"n1": 5000.0})
         assert all(a.start_s >= 5000.0 for a in schedule.assignments if a.node == "n1"), name
@@ -416,7 +279,7 @@ def test_validate_schedule_reports_each_fault() -> None:
     nodes = (FakeNode("n1"), FakeNode("n2"))
     a, b, c = Build("a"), Build("b"), Build("c")
     deps = {a: frozenset(), b: frozenset({a}), c: frozenset()}
-    problem = _problem(nodes, {}, deps)
+    problem = make_problem(nodes, {}, deps)
     good = plan(problem, "critical-path")
     assert validate_schedule(problem, good) == []
     at = {x.build: x for x in good.assignments}
@@ -476,15 +339,15 @@ def test_bad_problems_raise_one_clear_error(
     deps: dict[Build, frozenset[Build]], strategy: str, message: str
 ) -> None:
     with pytest.raises(PlacementError, match=message):
-        plan(_problem((FakeNode("n1"),), {}, deps), strategy)
+        plan(make_problem((FakeNode("n1"),), {}, deps), strategy)
 
 
 def test_no_nodes_and_duplicate_nodes_are_refused() -> None:
     deps = {Build("x"): frozenset()}
     with pytest.raises(PlacementError, match="no usable build node"):
-        plan(_problem((), {}, deps))
+        plan(make_problem((), {}, deps))
     with pytest.raises(PlacementError, match="node names repeat"):
-        plan(_problem((FakeNode("n1"), FakeNode("n1")), {}, deps))
+        plan(make_problem((FakeNode("n1"), FakeNode("n1")), {}, deps))
     # Online, every node excluded is a reason to wait, not an error in the daemon.
     cost = CostModel(FakeFleet(()))
     decision = choose_placements(list(deps), {}, [], cost, 0.0, deps)

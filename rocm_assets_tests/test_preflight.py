@@ -18,15 +18,16 @@ import dagster as dg
 import pytest
 
 from rocm_assets.core.bake import BakeGraph, load_graph
+from rocm_assets.core.builds import Build, SelectionError, check_arches
 from rocm_assets.core.constants import ROCM_MAX_JOBS_TAG, ROCM_NODE_TAG, ROCM_PREFLIGHT_TAG
-from rocm_assets.core.preflight import Missing, PreflightError, builds_for, preflight
+from rocm_assets.core.preflight import Missing, PreflightError, preflight
 from rocm_assets.core.registry import RegistryClient, RegistryError
 from rocm_assets.defs.assets import build_bake_assets
 from rocm_assets.defs.registry_checks import build_registry_checks
 from rocm_assets.defs.resources.bake import BakeResource
 from rocm_assets.defs.resources.registry import RegistryResource
-from rocm_assets_tests.conftest import PROJECT_ROOT
-from rocm_assets_tests.fakes_zot import FakeZot
+from rocm_assets_tests.helpers import PROJECT_ROOT, rocm_assets_cli
+from rocm_assets_tests.servers.fakes import FakeZot
 from rocm_assets_tests.servers.registry import RegistryServer
 
 SHIPPED = PROJECT_ROOT / "rocm-bake.hcl"
@@ -48,14 +49,7 @@ def image(server: RegistryServer | FakeZot, namespace: str, repo: str, tag: str)
 
 
 def cli(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "rocm_assets.cli", "preflight", *args],
-        cwd=PROJECT_ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        check=False,
-    )
+    return rocm_assets_cli("preflight", *args, env=env)
 
 
 def cli_env(server: RegistryServer, namespace: str) -> dict[str, str]:
@@ -71,7 +65,7 @@ def cli_env(server: RegistryServer, namespace: str) -> dict[str, str]:
 def test_vllm_wheel_on_an_empty_registry(registry_server: RegistryServer, namespace: str) -> None:
     graph = graph_for(registry_server, namespace)
     with RegistryClient(registry_server.url) as client:
-        report = preflight(graph, [("vllm-wheel", "gfx942")], client)
+        report = preflight(graph, [Build("vllm-wheel", "gfx942")], client)
         assert client.requests == 2  # tags/list of the one repository, and /v2/ to trust its 404
     vllm = image(registry_server, namespace, "vllm", f"{TORCH_TAG}-gfx942")
     assert report.missing == [
@@ -86,7 +80,7 @@ def test_vllm_wheel_on_an_empty_registry(registry_server: RegistryServer, namesp
     )
     registry_server.push_image(f"{namespace}/vllm", f"{TORCH_TAG}-gfx942")
     with RegistryClient(registry_server.url) as client:
-        report = preflight(graph, [("vllm-wheel", "gfx942")], client)
+        report = preflight(graph, [Build("vllm-wheel", "gfx942")], client)
     assert report.ok and report.checked == 1
     assert report.summary() == (
         f"preflight: 1 input image of 1 build checked, all on {registry_server.url}"
@@ -100,13 +94,19 @@ def test_inputs_the_request_publishes_do_not_count(
     graph = graph_for(registry_server, namespace)
     with RegistryClient(registry_server.url) as client:
         # vllm is built in the same request, or by an earlier run of it.
-        both = preflight(graph, [("vllm", "gfx942"), ("vllm-wheel", "gfx942")], client)
+        both = preflight(graph, [Build("vllm", "gfx942"), Build("vllm-wheel", "gfx942")], client)
         earlier = preflight(
-            graph, [("vllm-wheel", "gfx942")], client, published_by_request=[("vllm", "gfx942")]
+            graph,
+            [Build("vllm-wheel", "gfx942")],
+            client,
+            published_by_request=[Build("vllm", "gfx942")],
         )
         # The same target for another arch does not publish this arch's image.
         other_arch = preflight(
-            graph, [("vllm-wheel", "gfx942")], client, published_by_request=[("vllm", "gfx950")]
+            graph,
+            [Build("vllm-wheel", "gfx942")],
+            client,
+            published_by_request=[Build("vllm", "gfx950")],
         )
     assert earlier.missing == [] and earlier.checked == 0
     assert [m.image for m in other_arch.missing] == [
@@ -125,7 +125,7 @@ def test_requests_grow_with_repositories_not_images(
     registry_server: RegistryServer, namespace: str
 ) -> None:
     graph = graph_for(registry_server, namespace)
-    builds = [("vllm", arch) for arch in graph.arches]
+    builds = [Build("vllm", arch) for arch in graph.arches]
     with RegistryClient(registry_server.url) as client:
         report = preflight(graph, builds, client)
         empty_requests = client.requests
@@ -143,7 +143,7 @@ def test_requests_grow_with_repositories_not_images(
 def test_images_on_another_host_are_not_checked(registry_server: RegistryServer) -> None:
     graph = load_graph(SHIPPED, {})  # zot.snoc.lan:5000, not the test registry
     with RegistryClient(registry_server.url) as client:
-        report = preflight(graph, [("vllm-wheel", "gfx942")], client)
+        report = preflight(graph, [Build("vllm-wheel", "gfx942")], client)
         assert client.requests == 0
     assert report.ok and report.checked == 0
     assert report.unchecked == [f"zot.snoc.lan:5000/rocm-pytorch/vllm:{TORCH_TAG}-gfx942"]
@@ -159,34 +159,34 @@ def test_registry_errors_are_raised_never_missing(zot_fake: FakeZot) -> None:
         RegistryClient(zot_fake.url, retries=0) as client,
         pytest.raises(RegistryError, match="500 Internal Server Error for GET /v2/rocm-pytorch/"),
     ):
-        preflight(graph, [("vllm-wheel", "gfx942")], client)
+        preflight(graph, [Build("vllm-wheel", "gfx942")], client)
 
 
 @pytest.mark.parametrize(
     ("builds", "message"),
     [
-        ([("nope", "gfx942")], "builds: no target 'nope' in rocm-bake.hcl"),
+        ([Build("nope", "gfx942")], "builds: no target 'nope' in rocm-bake.hcl"),
         (
-            [("vllm", None)],
+            [Build("vllm", None)],
             "builds: vllm is built per arch; its partition must be one of gfx942, gfx950, "
             "gfx1100, gfx1201, gfx1250, not None",
         ),
         (
-            [("triton-wheel", "gfx942")],
+            [Build("triton-wheel", "gfx942")],
             "builds: triton-wheel is noarch and takes no partition, not 'gfx942'",
         ),
     ],
 )
 def test_builds_that_do_not_fit_the_graph(
-    zot_fake: FakeZot, builds: list[tuple[str, str | None]], message: str
+    zot_fake: FakeZot, builds: list[Build], message: str
 ) -> None:
     graph = graph_for(zot_fake, "rocm-pytorch")
     with RegistryClient(zot_fake.url) as client, pytest.raises(PreflightError) as caught:
         preflight(graph, builds, client)
     assert str(caught.value) == message
     assert zot_fake.log == []
-    with pytest.raises(PreflightError, match="unknown arch 'gfx1'"):
-        builds_for(graph, ["vllm"], "gfx1")
+    with pytest.raises(SelectionError, match="unknown arch 'gfx1'"):
+        check_arches(graph, ["gfx1"])
 
 
 # ##### THE CLI
@@ -381,7 +381,7 @@ def test_run_fails_before_bake_when_an_input_is_missing(
         # vllm's own inputs published: a run of vllm and vllm-wheel passes preflight once and
         # builds both; vllm-wheel's input is vllm, which this run builds itself.
         images = {}
-        push_missing(graph, registry_server, [("vllm", "gfx942")])
+        push_missing(graph, registry_server, [Build("vllm", "gfx942")])
         for target in ("vllm", "vllm-wheel"):
             name = image(registry_server, namespace, target, f"{TORCH_TAG}-gfx942")
             digest = registry_server.push_image(f"{namespace}/{target}", f"{TORCH_TAG}-gfx942")
@@ -420,9 +420,7 @@ def test_run_fails_before_bake_when_an_input_is_missing(
         }
 
 
-def push_missing(
-    graph: BakeGraph, server: RegistryServer, builds: list[tuple[str, str | None]]
-) -> None:
+def push_missing(graph: BakeGraph, server: RegistryServer, builds: list[Build]) -> None:
     """Push every input `builds` lack on `server`."""
     with RegistryClient(server.url) as client:
         for item in preflight(graph, builds, client).missing:

@@ -28,8 +28,9 @@ from rocm_assets.core.registry import (
     parse_image_ref,
 )
 from rocm_assets.defs.resources.registry import RegistryResource
-from rocm_assets_tests.fakes_zot import Auth, Failure, FakeZot
-from rocm_assets_tests.servers.registry import RegistryServer, free_port
+from rocm_assets_tests.helpers import free_port
+from rocm_assets_tests.servers.fakes import Auth, Failure, FakeZot
+from rocm_assets_tests.servers.registry import RegistryServer
 
 DIGEST = "sha256:" + "ab" * 32
 CREDS_HINT = "ROCM_REGISTRY_USERNAME/ROCM_REGISTRY_PASSWORD"

@@ -17,9 +17,9 @@ from rocm_assets.core.constants import REGISTRY_DIGEST_CHECK
 from rocm_assets.defs.registry_checks import DATA_VERSION_TAG
 from rocm_assets.defs.resources.registry import RegistryResource
 from rocm_assets.defs.sensors import SENSOR_NAME, build_registry_observation_sensor
-from rocm_assets_tests.conftest import PROJECT_ROOT
-from rocm_assets_tests.fakes_zot import FakeZot
-from rocm_assets_tests.servers.registry import OCI_MANIFEST, RegistryServer, free_port
+from rocm_assets_tests.helpers import PROJECT_ROOT, free_port
+from rocm_assets_tests.servers.fakes import FakeZot
+from rocm_assets_tests.servers.registry import OCI_MANIFEST, RegistryServer
 
 SHIPPED = PROJECT_ROOT / "rocm-bake.hcl"
 TORCH_TAG = "2.15.0-10.1.0-full"

@@ -19,12 +19,12 @@ from rocm_assets.core.placement import (
     validate_schedule,
 )
 from rocm_assets.core.solver import SOLVER_STRATEGY, SolverError, solve
-from rocm_assets_tests.test_placement import (
+from rocm_assets_tests.helpers.placement import (
     FakeCost,
     FakeFleet,
     FakeNode,
-    _problem,
     lpt_trap,
+    make_problem,
     random_problem,
     seed_builds,
 )
@@ -85,7 +85,7 @@ def test_solver_keeps_a_chain_on_one_node_to_save_the_pull() -> None:
     nodes = (FakeNode("n1", link_mbps=100), FakeNode("n2", link_mbps=100))
     a, b = Build("a"), Build("b")
     costs = {"a": FakeCost(100.25, 10.0), "b": FakeCost(100.5, 0.0)}
-    problem = _problem(nodes, costs, {a: frozenset(), b: frozenset({a})})
+    problem = make_problem(nodes, costs, {a: frozenset(), b: frozenset({a})})
     result = solve(problem, LIMIT_S, workers=1)
     by_build = {x.build: x for x in result.schedule.assignments}
     assert by_build[a].node == by_build[b].node
@@ -96,14 +96,14 @@ def test_solver_keeps_a_chain_on_one_node_to_save_the_pull() -> None:
 def test_solver_waits_for_busy_nodes() -> None:
     nodes = (FakeNode("n1"), FakeNode("n2"))
     deps = {Build(f"b{k}"): frozenset() for k in range(4)}
-    problem = _problem(nodes, {}, deps)
+    problem = make_problem(nodes, {}, deps)
     result = solve(problem, LIMIT_S, {"n1": 5000.0}, workers=1)
     assert all(a.start_s >= 5000.0 for a in result.schedule.assignments if a.node == "n1")
     assert validate_schedule(problem, result.schedule) == []
 
 
 def test_solver_on_nothing_to_build() -> None:
-    problem = _problem((FakeNode("n1"),), {}, {})
+    problem = make_problem((FakeNode("n1"),), {}, {})
     result = solve(problem, LIMIT_S, workers=1)
     assert result.schedule.assignments == () and result.schedule.makespan_s == 0.0
 
@@ -111,6 +111,6 @@ def test_solver_on_nothing_to_build() -> None:
 def test_missing_ortools_is_one_clear_error(monkeypatch: pytest.MonkeyPatch) -> None:
     # A None entry in sys.modules makes the import fail as if OR-Tools were not installed.
     monkeypatch.setitem(sys.modules, "ortools.sat.python", None)
-    problem = _problem((FakeNode("n1"),), {}, {Build("x"): frozenset()})
+    problem = make_problem((FakeNode("n1"),), {}, {Build("x"): frozenset()})
     with pytest.raises(SolverError, match=r"pip install 'rocm_assets\[bench\]'"):
         solve(problem, LIMIT_S)

@@ -27,7 +27,7 @@ from dagster._core.remote_origin import (
 )
 from dagster._core.test_utils import create_run_for_test, instance_for_test
 
-from rocm_assets.cli.watch import duration, frame
+from rocm_assets.cli.watch import frame
 from rocm_assets.core.build import build_name
 from rocm_assets.core.constants import (
     FANOUT_PARENT,
@@ -42,7 +42,8 @@ from rocm_assets.core.constants import (
     ROCM_WAITING_FOR_TAG,
 )
 from rocm_assets.core.fleet import load_fleet
-from rocm_assets_tests.conftest import PROJECT_ROOT
+from rocm_assets.core.timefmt import duration
+from rocm_assets_tests.helpers import PROJECT_ROOT
 
 FLEET = """
 nodes:

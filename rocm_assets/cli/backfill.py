@@ -21,11 +21,12 @@ from typing import Any
 
 import httpx
 
+from rocm_assets.cli.common import EXIT_ERROR, EXIT_OK
 from rocm_assets.core.bake import BakeGraph, load_graph
+from rocm_assets.core.builds import SelectionError, check_arches, select_targets
 from rocm_assets.core.constants import DEFAULT_DAGSTER_URL
 from rocm_assets.core.settings import bake_file_path
 
-EXIT_OK, EXIT_ERROR = 0, 2
 _TIMEOUT_S = 30.0
 
 _ASSET_NODES = """
@@ -85,43 +86,11 @@ class Selection:
         return sum(len(self.arches) if t in self.per_arch else 1 for t in self.targets)
 
 
-def check_arches(graph: BakeGraph, arches: Sequence[str]) -> tuple[str, ...]:
-    """`arches` without repeats, each one of the bake file's GPU_ARCHES."""
-    unknown = [a for a in arches if a not in graph.arches]
-    if unknown:
-        raise BackfillError(
-            f"unknown arch {unknown[0]!r}: {graph.path.name} builds {', '.join(graph.arches)} "
-            "(add it to GPU_ARCHES there to make it a partition)"
-        )
-    return tuple(dict.fromkeys(arches))
-
-
 def select(
     graph: BakeGraph, *, group: str | None, targets: Sequence[str] | None, arches: Sequence[str]
 ) -> Selection:
     """The asset targets of a group or a target list, checked against the bake file."""
-    if group is not None:
-        if group not in graph.groups:
-            raise BackfillError(
-                f"no group {group!r} in {graph.path.name} (groups: {', '.join(graph.groups)})"
-            )
-        chosen = set(graph.groups[group])
-    else:
-        chosen = set(targets or ())
-        for name in targets or ():
-            if name in graph.test_targets:
-                raise BackfillError(
-                    f"{name!r} is a test target, not an asset: it runs as the check on "
-                    f"{graph.test_targets[name]} (make gpu-test)"
-                )
-            if name not in graph.deps:
-                raise BackfillError(
-                    f"no target {name!r} in {graph.path.name} "
-                    f"(targets: {', '.join(graph.asset_targets)})"
-                )
-    selected = tuple(t for t in graph.asset_targets if t in chosen)
-    if not selected:
-        raise BackfillError(f"group {group!r} in {graph.path.name} has no asset to build")
+    selected = select_targets(graph, group=group, targets=targets)
     return Selection(selected, check_arches(graph, arches), graph.per_arch)
 
 
@@ -282,7 +251,7 @@ def cmd_backfill(args: argparse.Namespace) -> int:
                 params = asset_backfill_params(selection, f"rocm-assets: {what}")
                 summary = {"targets": list(selection.targets), "builds": selection.build_count}
             backfill_id = web.launch(params)
-    except BackfillError as exc:
+    except (BackfillError, SelectionError) as exc:
         sys.stderr.write(f"rocm-assets: error: {exc}\n")
         return EXIT_ERROR
     link = ui_url(args.url, backfill_id)

@@ -20,15 +20,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from rocm_assets.cli.common import EXIT_ERROR
 from rocm_assets.core.bake import BakeGraph, load_graph
-from rocm_assets.core.constants import ARCH_VAR, POOL_BUILDER, PUBLISHED_INPUTS_VAR
+from rocm_assets.core.bake.functions import PARSE_BOOL_FALSE
+from rocm_assets.core.builds import SelectionError, check_arches, check_group
+from rocm_assets.core.constants import ARCH_VAR, DEFAULT_GROUP, POOL_BUILDER, PUBLISHED_INPUTS_VAR
 from rocm_assets.core.fleet import Fleet, fleet_path, load_fleet
 from rocm_assets.core.settings import bake_file_path
 
-EXIT_ERROR = 2
-DEFAULT_GROUP = "default"
-# What bake's strconv.ParseBool reads as false; unset or empty leaves the file's default (false).
-_FALSE = {"", "0", "f", "F", "false", "FALSE", "False"}
 _POOL_REASON = (
     "every target would be its own bake invocation, so stage 2 would silently build against "
     "whatever is in the registry rather than what stage 1 produced"
@@ -77,12 +76,10 @@ def build_all(
     docker: str = "docker",
 ) -> BuildAll:
     """The bake of `group` on `builder`, inputs resolved in-process (PUBLISHED_INPUTS off)."""
-    if group not in graph.groups:
-        raise BuildAllError(
-            f"no group {group!r} in {graph.path.name} (groups: {', '.join(graph.groups)})"
-        )
+    check_group(graph, group)
     published = base_env.get(PUBLISHED_INPUTS_VAR, "")
-    if published not in _FALSE:
+    # Unset or empty leaves the file's default (false); anything ParseBool reads as true is refused.
+    if published and published not in PARSE_BOOL_FALSE:
         raise BuildAllError(
             f"build-all resolves inputs in-process, but {PUBLISHED_INPUTS_VAR}={published!r} makes "
             "every stage read them from the registry instead of what the stage before it "
@@ -90,11 +87,7 @@ def build_all(
         )
     env = dict(base_env)
     if arch is not None:
-        if arch not in graph.arches:
-            raise BuildAllError(
-                f"unknown arch {arch!r}: {graph.path.name} builds {', '.join(graph.arches)}"
-            )
-        env[ARCH_VAR] = arch
+        (env[ARCH_VAR],) = check_arches(graph, [arch])
     if shutil.which(docker, path=env.get("PATH")) is None:
         raise BuildAllError(
             f"{docker!r} is not on PATH: install the Docker CLI with the buildx plugin"
@@ -135,7 +128,7 @@ def cmd_build_all(args: argparse.Namespace) -> int:
         sys.stderr.write(f"rocm-assets build-all: {invocation.command()}\n")
         sys.stderr.flush()
         return run(invocation)
-    except BuildAllError as exc:
+    except (BuildAllError, SelectionError) as exc:
         sys.stderr.write(f"rocm-assets: error: {exc}\n")
         return EXIT_ERROR
 

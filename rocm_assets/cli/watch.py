@@ -18,11 +18,13 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 
 import dagster as dg
-from dagster._core.storage.tags import PARTITION_NAME_TAG
 
+from rocm_assets.cli.common import EXIT_ERROR, EXIT_OK
 from rocm_assets.core.build import build_name
+from rocm_assets.core.builds import Build
 from rocm_assets.core.constants import (
     FANOUT_PARENT,
+    PARTITION_TAG,
     PLACEMENT_WAITING,
     ROCM_BUILD_TAG,
     ROCM_EST_FINISH_TAG,
@@ -33,28 +35,12 @@ from rocm_assets.core.constants import (
     ROCM_WAITING_FOR_TAG,
 )
 from rocm_assets.core.fleet import Fleet, load_fleet
-from rocm_assets.instance.coordinator import from_iso, parse_build
+from rocm_assets.core.timefmt import duration, from_iso
+from rocm_assets.instance.runs import IN_FLIGHT_STATUSES
 
-EXIT_OK, EXIT_ERROR = 0, 2
 BAR_WIDTH = 20
-_IN_FLIGHT = [
-    dg.DagsterRunStatus.QUEUED,
-    dg.DagsterRunStatus.STARTING,
-    dg.DagsterRunStatus.STARTED,
-    dg.DagsterRunStatus.CANCELING,
-]
 # Home, then clear to the end of the screen: the new frame overwrites the old without flicker.
 _REDRAW = "\x1b[H\x1b[J"
-
-
-def duration(seconds: float) -> str:
-    """`45s`, `12m03s`, `2h05m`."""
-    s = max(int(seconds), 0)
-    if s < 60:
-        return f"{s}s"
-    if s < 3600:
-        return f"{s // 60}m{s % 60:02d}s"
-    return f"{s // 3600}h{s % 3600 // 60:02d}m"
 
 
 def bar(fraction: float | None, width: int = BAR_WIDTH) -> str:
@@ -92,12 +78,12 @@ class BuildRun:
         if tags.get(ROCM_FANOUT_TAG) == FANOUT_PARENT:
             return None
         if tags.get(ROCM_BUILD_TAG):
-            build = parse_build(tags[ROCM_BUILD_TAG])
+            build = Build.parse(tags[ROCM_BUILD_TAG])
             target, arch = build.target, build.arch
         elif tags.get(ROCM_NODE_TAG) and run.asset_selection:
             # `dagster asset materialize` places itself and tags only its node.
             target = ",".join(sorted(k.to_user_string() for k in run.asset_selection))
-            arch = tags.get(PARTITION_NAME_TAG)
+            arch = tags.get(PARTITION_TAG)
         else:
             return None
         est_start = from_iso(tags.get(ROCM_EST_START_TAG))
@@ -187,7 +173,7 @@ def render(
 
 
 def frame(instance: dg.DagsterInstance, fleet: Fleet, now: float, url: str) -> list[str]:
-    records = instance.get_run_records(dg.RunsFilter(statuses=_IN_FLIGHT))
+    records = instance.get_run_records(dg.RunsFilter(statuses=list(IN_FLIGHT_STATUSES)))
     return render(records, [n.name for n in fleet.nodes], now, url)
 
 

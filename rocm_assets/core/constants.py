@@ -59,3 +59,8 @@ DEFAULT_DAGSTER_URL = "http://localhost:3000"
 POOL_BUILDER = "snoc-pool"
 # The bake group `rocm-assets plan` and the benchmark schedule when none is named.
 DEFAULT_GROUP = "default"
+
+# Dagster's own run tags, as the strings Dagster writes: the core reads them without Dagster.
+PARTITION_TAG = "dagster/partition"
+PARTITION_RANGE_START_TAG = "dagster/asset_partition_range_start"
+PARTITION_RANGE_END_TAG = "dagster/asset_partition_range_end"

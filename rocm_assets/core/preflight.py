@@ -15,10 +15,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from rocm_assets.core.bake import BakeGraph
+from rocm_assets.core.builds import Build
 from rocm_assets.core.constants import DEFINITIONS_MODULE
 from rocm_assets.core.registry import RegistryClient
-
-Build = tuple[str, str | None]
 
 
 class PreflightError(ValueError):
@@ -97,18 +96,10 @@ def materialize_command(target: str, partition: str | None) -> str:
     return f"{command} --partition {partition}" if partition else command
 
 
-def builds_for(graph: BakeGraph, targets: Iterable[str], arch: str) -> list[Build]:
-    """(target, partition) for building `targets` for `arch`: noarch targets take no partition."""
-    if arch not in graph.arches:
-        raise PreflightError(
-            f"unknown arch {arch!r}: the bake file builds {', '.join(graph.arches)}"
-        )
-    return [(t, arch if t in graph.per_arch else None) for t in targets]
-
-
 def _checked_builds(graph: BakeGraph, builds: Iterable[Build], what: str) -> list[Build]:
     checked: list[Build] = []
-    for target, partition in builds:
+    for build in builds:
+        target, partition = build.target, build.arch
         if target not in graph.deps:
             raise PreflightError(f"{what}: no target {target!r} in {graph.path.name}")
         if target in graph.per_arch:
@@ -121,7 +112,7 @@ def _checked_builds(graph: BakeGraph, builds: Iterable[Build], what: str) -> lis
             raise PreflightError(
                 f"{what}: {target} is noarch and takes no partition, not {partition!r}"
             )
-        checked.append((target, partition))
+        checked.append(build)
     return list(dict.fromkeys(checked))
 
 
@@ -141,7 +132,7 @@ def preflight(
 ) -> PreflightReport:
     """Check every registry input of `builds` that neither they nor `published_by_request` make.
 
-    `builds` are (target, partition) pairs, partition None for noarch targets (see `builds_for`);
+    `builds` have arch None for noarch targets (`rocm_assets.core.builds.builds_for`);
     `published_by_request` are the builds an earlier run of the same request will publish.
 
     Raises:
@@ -150,10 +141,11 @@ def preflight(
     """
     builds = _checked_builds(graph, builds, "builds")
     earlier = _checked_builds(graph, published_by_request, "published_by_request")
-    produced = {tag for t, p in (*builds, *earlier) for tag in graph.tags(t, p)}
+    produced = {tag for b in (*builds, *earlier) for tag in graph.tags(b.target, b.arch)}
     needs: dict[str, _Need] = {}
-    for target, partition in builds:
-        arch = graph.build_arch(target, partition or graph.arches[0])
+    for build in builds:
+        target = build.target
+        arch = graph.build_arch(target, build.arch or graph.arches[0])
         for item in graph.published_inputs(target, arch):
             if item.ref in produced:
                 continue

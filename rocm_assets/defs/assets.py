@@ -3,17 +3,19 @@
 from collections.abc import Callable, Iterator
 
 import dagster as dg
-from dagster._core.definitions.unresolved_asset_job_definition import UnresolvedAssetJobDefinition
 
 from rocm_assets.core.bake import BakeGraph
+from rocm_assets.core.builds import op_name
 from rocm_assets.core.constants import (
     FANOUT_PARENT,
     ROCM_FANOUT_OF_TAG,
     ROCM_FANOUT_TAG,
     WHEELS_GROUP,
 )
+from rocm_assets.defs.freshness import freshness_policy
 from rocm_assets.defs.resources.bake import BakeResource
 from rocm_assets.defs.resources.registry import RegistryResource
+from rocm_assets.instance.dagster_internals import UnresolvedAssetJobDefinition
 
 ASSET_GROUP = "rocm"
 GROUP_TAG_PREFIX = "rocm-group/"
@@ -55,7 +57,7 @@ def _description(graph: BakeGraph, target: str) -> str:
 
 
 def build_asset_specs(graph: BakeGraph) -> list[dg.AssetSpec]:
-    """The specs: keys, deps, partitions, kinds and tags, all from the graph."""
+    """The specs: keys, deps, partitions, kinds, tags and freshness, all from the graph."""
     partitions = arch_partitions(graph)
     specs = []
     for target in graph.asset_targets:
@@ -76,6 +78,9 @@ def build_asset_specs(graph: BakeGraph) -> list[dg.AssetSpec]:
                     "bake_groups": dg.MetadataValue.json(list(groups)),
                     "tag_example": resolved.tags[0] if resolved.tags else "",
                 },
+                freshness_policy=freshness_policy(target),
+                # A fanned-out request's own run yields nothing for it (see _materializer).
+                skippable=True,
             )
         )
     return specs
@@ -104,17 +109,9 @@ def _materializer(target: str) -> Callable[..., Iterator[dg.MaterializeResult]]:
 def build_bake_assets(graph: BakeGraph) -> list[dg.AssetsDefinition]:
     """One materializable asset per spec; each materialization is one bake of its target."""
     return [
-        dg.asset(
-            key=spec.key,
-            deps=spec.deps,
-            partitions_def=spec.partitions_def,
-            group_name=spec.group_name,
-            kinds=spec.kinds,
-            tags=spec.tags,
-            description=spec.description,
-            metadata=spec.metadata,
-            output_required=False,
-        )(_materializer(spec.key.to_user_string()))
+        dg.multi_asset(specs=[spec], name=op_name(spec.key.to_user_string()))(
+            _materializer(spec.key.to_user_string())
+        )
         for spec in build_asset_specs(graph)
     ]
 

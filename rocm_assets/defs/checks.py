@@ -25,22 +25,15 @@ import shlex
 from collections.abc import Iterator
 
 import dagster as dg
-from dagster._core.definitions.unresolved_asset_job_definition import UnresolvedAssetJobDefinition
 from pydantic import Field
 
 from rocm_assets.core.bake import BakeGraph
-from rocm_assets.core.fleet import (
-    CommandResult,
-    Fleet,
-    FleetError,
-    Node,
-    NodeCommandError,
-    load_fleet,
-    run_on_node,
-)
+from rocm_assets.core.fleet import Fleet, FleetError, Node, load_fleet
 from rocm_assets.core.placement import max_jobs
+from rocm_assets.core.probes import CommandResult, NodeCommandError, run_on_node
 from rocm_assets.defs.assets import arch_partitions, job_name
 from rocm_assets.defs.resources.bake import BakeResource, md_block
+from rocm_assets.instance.dagster_internals import UnresolvedAssetJobDefinition
 
 _PARTITION_TAG = "dagster/partition"
 # Exit statuses of `docker run` itself, as opposed to the test's own.

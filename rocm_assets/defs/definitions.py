@@ -7,7 +7,6 @@ from rocm_assets.core.settings import bake_file_path
 from rocm_assets.defs.alerts import freshness_alert_sensor
 from rocm_assets.defs.assets import build_bake_assets, build_jobs
 from rocm_assets.defs.checks import GpuTestResource, build_gpu_test_checks, build_gpu_test_jobs
-from rocm_assets.defs.freshness import with_freshness_policy
 from rocm_assets.defs.registry_checks import build_registry_checks
 from rocm_assets.defs.resources.bake import BakeResource
 from rocm_assets.defs.resources.registry import RegistryResource
@@ -30,4 +29,4 @@ def defs() -> dg.Definitions:
         # One bake at a time per run, in dependency order: concurrent builds on one node each
         # derive MAX_JOBS as though alone and oversubscribe it.
         executor=dg.in_process_executor,
-    ).map_asset_specs(func=with_freshness_policy(graph))
+    )

@@ -5,7 +5,7 @@ and is read by `docker buildx bake` too; not in fleet.yaml, which describes node
 the run coordinator, neither of which has any use for them. A target missing from the table, such
 as one added to the bake file later, gets `DEFAULT_WINDOW`.
 
-`definitions.py` applies the policies at the root with `Definitions.map_asset_specs`; Dagster's
+`assets.py` sets each target's policy on its asset spec; Dagster's
 FreshnessDaemon (on by default in 1.13, every 30 s) evaluates them and records PASS, WARN or FAIL.
 It judges an asset by its newest materialization of any arch partition, so one stale arch next to
 a fresh one does not show here. An image older than an upstream rebuilt since shows as "Unsynced"
@@ -13,13 +13,11 @@ instead: builds record the pushed digest as the data version, so a new upstream 
 downstream partition unsynced, and a rebuild that reproduces the same digest does not.
 """
 
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import timedelta
 
 import dagster as dg
-
-from rocm_assets.core.bake import BakeGraph
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,16 +50,3 @@ def freshness_window(target: str) -> FreshnessWindow:
 def freshness_policy(target: str) -> dg.FreshnessPolicy:
     window = freshness_window(target)
     return dg.FreshnessPolicy.time_window(fail_window=window.fail, warn_window=window.warn)
-
-
-def with_freshness_policy(graph: BakeGraph) -> Callable[[dg.AssetSpec], dg.AssetSpec]:
-    """For `Definitions.map_asset_specs`: bake assets get their target's policy, others none."""
-    targets = frozenset(graph.asset_targets)
-
-    def apply(spec: dg.AssetSpec) -> dg.AssetSpec:
-        target = spec.key.to_user_string()
-        if target not in targets:
-            return spec
-        return dg.apply_freshness_policy(spec, freshness_policy(target))
-
-    return apply

@@ -15,8 +15,9 @@ from typing import Any
 import dagster as dg
 
 from rocm_assets.core.bake import BakeGraph
+from rocm_assets.core.builds import Build, builds_for
 from rocm_assets.core.constants import NOARCH, REGISTRY_DIGEST_CHECK, ROCM_PREFLIGHT_TAG
-from rocm_assets.core.preflight import Build, preflight
+from rocm_assets.core.preflight import preflight
 from rocm_assets.core.registry import ImageInfo, RegistryClient, RegistryError
 from rocm_assets.defs.resources.registry import RegistryResource
 
@@ -222,13 +223,12 @@ def build_registry_checks(graph: BakeGraph) -> list[dg.AssetChecksDefinition]:
 
 
 def run_builds(context: dg.AssetExecutionContext, graph: BakeGraph) -> list[Build]:
-    """Every (target, partition) the run builds: its selected assets times its partitions."""
+    """Every build of the run: its selected assets times its partitions."""
     # context.selected_asset_keys is this step's asset only; the run's selection is the job's.
     selected = context.job_def.asset_layer.selected_asset_keys
     targets = [t for t in graph.targets if dg.AssetKey(t) in selected]
     partitioned = context.has_partition_key or context.has_partition_key_range
-    partitions = context.partition_keys if partitioned else []
-    return [(t, p) for t in targets for p in (partitions if t in graph.per_arch else [None])]
+    return builds_for(graph, targets, context.partition_keys if partitioned else [])
 
 
 def preflight_run(
@@ -267,12 +267,12 @@ def preflight_run(
 
 def _same_registry(graph: BakeGraph, builds: list[Build], client: RegistryClient) -> None:
     """Bake pushes to the graph's REGISTRY; a check of another registry would prove nothing."""
-    for target, partition in builds:
-        for tag in graph.tags(target, partition):
+    for build in builds:
+        for tag in graph.tags(build.target, build.arch):
             if not client.is_local(tag):
                 raise dg.Failure(
                     description=(
-                        f"{target} pushes {tag}, which is not on the registry {client.url} that "
+                        f"{build.target} pushes {tag}, which is not on the registry {client.url} that "
                         "preflight and the observation sensor read: set REGISTRY to that host "
                         "or ROCM_REGISTRY_URL to this one"
                     )

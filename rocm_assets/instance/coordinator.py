@@ -16,32 +16,23 @@ CLI. It reads the bake graph and the fleet from their files and never imports th
 
 import logging
 import os
-import re
-import threading
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping
 from datetime import UTC, datetime
 from pathlib import Path
 from statistics import median
 from typing import Any, Self
 
 import dagster as dg
-from dagster import _check as check
-from dagster._config import UserConfigSchema
-from dagster._core.definitions.selector import JobSubsetSelector
-from dagster._core.run_coordinator import SubmitRunContext
-from dagster._core.run_coordinator.queued_run_coordinator import RunQueueConfig
-from dagster._core.storage.tags import (
-    ASSET_PARTITION_RANGE_END_TAG,
-    ASSET_PARTITION_RANGE_START_TAG,
-    PARTITION_NAME_TAG,
-)
-from dagster._serdes import ConfigurableClassData
 
 from rocm_assets.core import placement
 from rocm_assets.core.bake import BakeError, BakeGraph, load_graph
+from rocm_assets.core.builds import Build, build_deps, builds_for, op_name, run_partitions
 from rocm_assets.core.constants import (
     FANOUT_PARENT,
+    PARTITION_RANGE_END_TAG,
+    PARTITION_RANGE_START_TAG,
+    PARTITION_TAG,
     PLACEMENT_PLACED,
     PLACEMENT_WAITING,
     REGISTRY_URL_ENV,
@@ -55,20 +46,22 @@ from rocm_assets.core.constants import (
     ROCM_PLACEMENT_TAG,
     ROCM_WAITING_FOR_TAG,
 )
-from rocm_assets.core.fleet import Fleet, NodeProbe, fleet_path, load_fleet, probe_fleet
-from rocm_assets.core.placement import Build
+from rocm_assets.core.fleet import Fleet, fleet_path, load_fleet
 from rocm_assets.core.preflight import PreflightError, preflight
+from rocm_assets.core.probes import ProbeCache
 from rocm_assets.core.registry import RegistryClient, RegistryError
 from rocm_assets.core.settings import bake_file_path
+from rocm_assets.core.timefmt import from_iso, to_iso
+from rocm_assets.instance.dagster_internals import (
+    ConfigurableClassData,
+    RunQueueConfig,
+    UserConfigSchema,
+    subset_run,
+)
+from rocm_assets.instance.runs import IN_FLIGHT_STATUSES
 
 logger = logging.getLogger("rocm_assets.instance.coordinator")
 
-_IN_FLIGHT = [
-    dg.DagsterRunStatus.QUEUED,
-    dg.DagsterRunStatus.STARTING,
-    dg.DagsterRunStatus.STARTED,
-    dg.DagsterRunStatus.CANCELING,
-]
 _MEASURED_TTL_S = 300.0
 # How far back a finished build's node still counts for locality (its layers are cached there).
 _BUILT_ON_WINDOW_S = 86400.0
@@ -78,9 +71,9 @@ _REPLAN_AFTER_S = 60.0
 _SUBMIT_REGISTRY_OPTIONS = {"connect_timeout": 2.0, "read_timeout": 5.0, "retries": 0}
 # Tags a child run must not inherit from the request it was split from.
 _NOT_INHERITED = (
-    PARTITION_NAME_TAG,
-    ASSET_PARTITION_RANGE_START_TAG,
-    ASSET_PARTITION_RANGE_END_TAG,
+    PARTITION_TAG,
+    PARTITION_RANGE_START_TAG,
+    PARTITION_RANGE_END_TAG,
     ROCM_FANOUT_TAG,
     ROCM_BUILD_TAG,
     ROCM_NODE_TAG,
@@ -90,104 +83,6 @@ _NOT_INHERITED = (
     ROCM_EST_FINISH_TAG,
     ROCM_WAITING_FOR_TAG,
 )
-
-
-def _iso(ts: float) -> str:
-    return datetime.fromtimestamp(ts, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
-def from_iso(text: str | None) -> float | None:
-    """Epoch seconds from an `rocm/est_*` tag; None when absent or unreadable."""
-    if not text:
-        return None
-    try:
-        return datetime.strptime(text, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=UTC).timestamp()
-    except ValueError:
-        return None
-
-
-def op_name(target: str) -> str:
-    """Dagster's op name for an asset key: every character outside [A-Za-z0-9_] becomes `_`."""
-    return re.sub(r"[^A-Za-z0-9_]", "_", target)
-
-
-def parse_build(text: str) -> Build:
-    target, _, arch = text.partition("@")
-    return Build(target, arch or None)
-
-
-def build_deps(graph: BakeGraph, build: Build) -> frozenset[Build]:
-    """The builds `build` reads from the registry: its deps, for its arch or noarch."""
-    arch = build.arch or graph.arches[0]
-    return frozenset(
-        Build(d, arch if d in graph.per_arch else None) for d in graph.deps[build.target]
-    )
-
-
-def run_partitions(tags: Mapping[str, str], arches: Sequence[str]) -> list[str]:
-    """The arch partitions a run covers: its partition tag or its partition range tags."""
-    if tags.get(PARTITION_NAME_TAG):
-        return [tags[PARTITION_NAME_TAG]]
-    start, end = tags.get(ASSET_PARTITION_RANGE_START_TAG), tags.get(ASSET_PARTITION_RANGE_END_TAG)
-    if start in arches and end in arches:
-        i, j = arches.index(start), arches.index(end)
-        return list(arches[min(i, j) : max(i, j) + 1])
-    return []
-
-
-def builds_for(graph: BakeGraph, targets: Iterable[str], partitions: Sequence[str]) -> list[Build]:
-    """One build per per-arch target and partition, one per noarch target, in dependency order."""
-    wanted = set(targets)
-    builds: list[Build] = []
-    for target in graph.asset_targets:
-        if target not in wanted:
-            continue
-        if target in graph.per_arch:
-            builds.extend(Build(target, p) for p in partitions)
-        else:
-            builds.append(Build(target, None))
-    return builds
-
-
-class _ProbeCache:
-    """Probes the fleet in a background thread; readers take results younger than a bound."""
-
-    def __init__(self, interval_s: float, max_age_s: float):
-        self.interval_s = interval_s
-        self.max_age_s = max_age_s
-        self._lock = threading.Lock()
-        self._probes: dict[str, NodeProbe] = {}
-        self._fleet: Fleet | None = None
-        self._thread: threading.Thread | None = None
-        self._stop = threading.Event()
-
-    def watch(self, fleet: Fleet) -> None:
-        with self._lock:
-            self._fleet = fleet
-            if self._thread is None:
-                self._thread = threading.Thread(target=self._loop, name="rocm-probes", daemon=True)
-                self._thread.start()
-
-    def _loop(self) -> None:
-        while not self._stop.is_set():
-            with self._lock:
-                fleet = self._fleet
-            if fleet is not None:
-                try:
-                    results = probe_fleet(fleet)
-                except Exception:
-                    logger.exception("fleet probe failed; keeping the last results")
-                else:
-                    with self._lock:
-                        self._probes = {p.node: p for p in results}
-            self._stop.wait(self.interval_s)
-
-    def fresh(self, now: float) -> dict[str, NodeProbe]:
-        with self._lock:
-            return {n: p for n, p in self._probes.items() if now - p.probed_at <= self.max_age_s}
-
-    def stop(self) -> None:
-        self._stop.set()
 
 
 class PlacementRunCoordinator(dg.QueuedRunCoordinator):
@@ -204,14 +99,14 @@ class PlacementRunCoordinator(dg.QueuedRunCoordinator):
         **kwargs: Any,
     ):
         super().__init__(**kwargs)
-        check.invariant(
-            strategy in placement.STRATEGIES, f"unknown placement strategy {strategy!r}"
-        )
+        if strategy not in placement.STRATEGIES:
+            # dagster.yaml's Enum already refuses it; a direct construction gets the same word.
+            raise placement.PlacementError(f"unknown placement strategy {strategy!r}")
         self._bake_file = bake_file
         self._fleet_file = fleet_file
         self._strategy = strategy
         self._probe_nodes = probe_nodes
-        self._probes = _ProbeCache(probe_interval_seconds, probe_max_age_seconds)
+        self._probes = ProbeCache(probe_interval_seconds, probe_max_age_seconds)
         self._files: dict[str, tuple[float, Any]] = {}
         self._measured: tuple[float, dict[tuple[str, str, int], float]] = (0.0, {})
         self._last_error: str | None = None
@@ -279,7 +174,7 @@ class PlacementRunCoordinator(dg.QueuedRunCoordinator):
         return self._load(fleet_path(self._fleet_file), load_fleet)
 
     # ---- submission ----
-    def submit_run(self, context: SubmitRunContext) -> dg.DagsterRun:
+    def submit_run(self, context: dg.SubmitRunContext) -> dg.DagsterRun:
         run = context.dagster_run
         if run.status != dg.DagsterRunStatus.NOT_STARTED:
             return super().submit_run(context)
@@ -325,18 +220,11 @@ class PlacementRunCoordinator(dg.QueuedRunCoordinator):
         if not os.environ.get(REGISTRY_URL_ENV):
             return True
         in_flight = [
-            (b.target, b.arch)
-            for b in (parse_build(t) for t in self._in_flight_build_tags())
-            if b.target in graph.deps
+            b for b in map(Build.parse, self._in_flight_build_tags()) if b.target in graph.deps
         ]
         try:
             with RegistryClient.from_env(**_SUBMIT_REGISTRY_OPTIONS) as client:
-                report = preflight(
-                    graph,
-                    [(b.target, b.arch) for b in builds],
-                    client,
-                    published_by_request=in_flight,
-                )
+                report = preflight(graph, builds, client, published_by_request=in_flight)
         except (RegistryError, PreflightError) as exc:
             self._event(
                 run, f"preflight at submission skipped: {exc}; the run checks before it builds"
@@ -351,7 +239,7 @@ class PlacementRunCoordinator(dg.QueuedRunCoordinator):
         return False
 
     def _in_flight_build_tags(self) -> list[str]:
-        records = self._instance.get_run_records(dg.RunsFilter(statuses=_IN_FLIGHT))
+        records = self._instance.get_run_records(dg.RunsFilter(statuses=list(IN_FLIGHT_STATUSES)))
         return [
             r.dagster_run.tags[ROCM_BUILD_TAG]
             for r in records
@@ -359,7 +247,7 @@ class PlacementRunCoordinator(dg.QueuedRunCoordinator):
         ]
 
     def _queue_build(
-        self, context: SubmitRunContext, run: dg.DagsterRun, build: Build
+        self, context: dg.SubmitRunContext, run: dg.DagsterRun, build: Build
     ) -> dg.DagsterRun:
         inherited = run.tags.get(ROCM_NODE_TAG)
         self._instance.add_run_tags(
@@ -376,56 +264,27 @@ class PlacementRunCoordinator(dg.QueuedRunCoordinator):
             f" (not {inherited}, its parent's node: retries are placed afresh)" if inherited else ""
         )
         self._event(run, f"build {build} queued; its node is chosen when it can start{note}")
-        return super().submit_run(SubmitRunContext(self._reload(run), context.workspace))
+        return super().submit_run(dg.SubmitRunContext(self._reload(run), context.workspace))
 
     def _fan_out(
-        self, context: SubmitRunContext, run: dg.DagsterRun, graph: BakeGraph, builds: list[Build]
+        self,
+        context: dg.SubmitRunContext,
+        run: dg.DagsterRun,
+        graph: BakeGraph,
+        builds: list[Build],
     ) -> dg.DagsterRun:
         """One run per build, each placed on its own; the request's run records them and builds nothing."""
-        origin = check.not_none(run.remote_job_origin)
-        location_name = origin.repository_origin.code_location_origin.location_name
-        repo_name = origin.repository_origin.repository_name
-        workspace = check.not_none(context.workspace)
-        location = workspace.get_code_location(location_name)
-        repository = location.get_repository(repo_name)
+        workspace = context.workspace
+        if workspace is None:
+            raise dg.DagsterInvariantViolationError("a fan-out needs the submitting workspace")
         base_tags = {k: v for k, v in run.tags.items() if k not in _NOT_INHERITED}
         children: list[dg.DagsterRun] = []
         for build in builds:
-            key = dg.AssetKey(build.target)
-            remote_job = location.get_job(
-                JobSubsetSelector(location_name, repo_name, run.job_name, None, [key], None)
-            )
-            plan = location.get_execution_plan(
-                remote_job,
-                run.run_config,
-                step_keys_to_execute=None,
-                known_state=None,
-                instance=self._instance,
-            )
             tags = {**base_tags, ROCM_FANOUT_OF_TAG: run.run_id}
-            if build.target in graph.per_arch:
-                tags[PARTITION_NAME_TAG] = check.not_none(build.arch)
+            if build.target in graph.per_arch and build.arch is not None:
+                tags[PARTITION_TAG] = build.arch
             children.append(
-                self._instance.create_run(
-                    job_name=run.job_name,
-                    run_id=None,
-                    run_config=run.run_config,
-                    resolved_op_selection=None,
-                    step_keys_to_execute=None,
-                    status=dg.DagsterRunStatus.NOT_STARTED,
-                    op_selection=None,
-                    root_run_id=None,
-                    parent_run_id=None,
-                    tags=tags,
-                    job_snapshot=remote_job.job_snapshot,
-                    execution_plan_snapshot=plan.execution_plan_snapshot,
-                    parent_job_snapshot=remote_job.parent_job_snapshot,
-                    remote_job_origin=remote_job.get_remote_origin(),
-                    job_code_origin=remote_job.get_python_origin(),
-                    asset_selection=frozenset({key}),
-                    asset_check_selection=None,
-                    asset_graph=repository.asset_graph,
-                )
+                subset_run(self._instance, workspace, run, dg.AssetKey(build.target), tags)
             )
         self._instance.add_run_tags(run.run_id, {ROCM_FANOUT_TAG: FANOUT_PARENT})
         listing = ", ".join(f"{b} -> {c.run_id[:8]}" for b, c in zip(builds, children, strict=True))
@@ -433,9 +292,9 @@ class PlacementRunCoordinator(dg.QueuedRunCoordinator):
             run,
             f"split into {len(children)} runs, one per build, each placed when its inputs are pushed: {listing}",
         )
-        queued = super().submit_run(SubmitRunContext(self._reload(run), context.workspace))
+        queued = super().submit_run(dg.SubmitRunContext(self._reload(run), context.workspace))
         for child in children:
-            self.submit_run(SubmitRunContext(child, context.workspace))
+            self.submit_run(dg.SubmitRunContext(child, context.workspace))
         return queued
 
     # ---- placement at dequeue time ----
@@ -472,10 +331,12 @@ class PlacementRunCoordinator(dg.QueuedRunCoordinator):
             measured=self._measured_durations(graph, fleet),
         )
         node_names = {n.name for n in fleet.nodes}
-        for record in self._instance.get_run_records(dg.RunsFilter(statuses=_IN_FLIGHT)):
+        for record in self._instance.get_run_records(
+            dg.RunsFilter(statuses=list(IN_FLIGHT_STATUSES))
+        ):
             run = record.dagster_run
             tags = run.tags
-            build = parse_build(tags[ROCM_BUILD_TAG]) if tags.get(ROCM_BUILD_TAG) else None
+            build = Build.parse(tags[ROCM_BUILD_TAG]) if tags.get(ROCM_BUILD_TAG) else None
             if tags.get(ROCM_PLACEMENT_TAG) == PLACEMENT_WAITING:
                 if build is None or run.status != dg.DagsterRunStatus.QUEUED:
                     continue
@@ -539,8 +400,8 @@ class PlacementRunCoordinator(dg.QueuedRunCoordinator):
                     ROCM_NODE_TAG: node.name,
                     ROCM_PLACEMENT_TAG: PLACEMENT_PLACED,
                     ROCM_MAX_JOBS_TAG: str(cost.max_jobs(node)),
-                    ROCM_EST_START_TAG: _iso(start.est_start_s),
-                    ROCM_EST_FINISH_TAG: _iso(start.est_finish_s),
+                    ROCM_EST_START_TAG: to_iso(start.est_start_s),
+                    ROCM_EST_FINISH_TAG: to_iso(start.est_finish_s),
                     ROCM_WAITING_FOR_TAG: "",
                 },
             )
@@ -552,10 +413,10 @@ class PlacementRunCoordinator(dg.QueuedRunCoordinator):
             self._event(
                 run,
                 f"placed {start.build} on {node.name} (builder {node.builder}, MAX_JOBS={cost.max_jobs(node)}), "
-                f"estimated finish {_iso(start.est_finish_s)}, strategy {decision.strategy}{skipped}",
+                f"estimated finish {to_iso(start.est_finish_s)}, strategy {decision.strategy}{skipped}",
             )
         for build, why in decision.waiting.items():
-            extra = {ROCM_EST_START_TAG: _iso(why.est_start_s)} if why.est_start_s else {}
+            extra = {ROCM_EST_START_TAG: to_iso(why.est_start_s)} if why.est_start_s else {}
             self._tag_waiting(waiting[build].run_id, why.reason, extra)
         return decision
 
@@ -628,7 +489,12 @@ class PlacementRunCoordinator(dg.QueuedRunCoordinator):
 
     # ---- helpers ----
     def _reload(self, run: dg.DagsterRun) -> dg.DagsterRun:
-        return check.not_none(self._instance.get_run_by_id(run.run_id))
+        reloaded = self._instance.get_run_by_id(run.run_id)
+        if reloaded is None:
+            raise dg.DagsterRunNotFoundError(
+                f"run {run.run_id} vanished", invalid_run_id=run.run_id
+            )
+        return reloaded
 
     def _event(self, run: dg.DagsterRun, message: str) -> None:
         self._instance.report_engine_event(message, run, cls=self.__class__)

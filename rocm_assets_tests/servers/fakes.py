@@ -1,4 +1,4 @@
-"""Local registries on loopback for `rocm-assets bench` and the tests, no pytest needed.
+"""Test doubles for the registry: a Zot-like fake and Debian's docker-registry, on loopback.
 
 - `FakeZot`: a small Zot-like registry on a real socket, for what Debian's docker-registry lacks.
   It mimics Zot (project-zot/zot `pkg/api/routes.go`, `pkg/extensions/search`): sorted tags with
@@ -9,8 +9,8 @@
 - `start_docker_registry`: the real Debian `docker-registry` (CNCF distribution 2.8), started on a
   free loopback port; `RegistryServer.push_image` populates it through the HTTP API.
 
-They live in the package, not in the tests, because `rocm-assets bench` measures the registry
-observation tick against them.
+`rocm_assets_tests.servers.registry` wraps them as pytest fixtures; the registry tick's benchmark
+uses them directly.
 """
 
 import base64
@@ -20,7 +20,6 @@ import io
 import json
 import re
 import secrets
-import socket
 import subprocess
 import sys
 import tarfile
@@ -36,6 +35,8 @@ from typing import Any, Literal, Self, cast
 from urllib.parse import parse_qs, urlsplit
 
 import httpx
+
+from rocm_assets_tests.helpers import free_port
 
 DOCKER_REGISTRY = Path("/usr/bin/docker-registry")
 START_TIMEOUT_S = 30.0
@@ -474,12 +475,6 @@ def _tar_with(content: bytes) -> bytes:
         info.mtime = 0
         tar.addfile(info, io.BytesIO(content))
     return buffer.getvalue()
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def _write_config(root: Path, port: int, htpasswd: Path | None) -> Path:

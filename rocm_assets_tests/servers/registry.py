@@ -21,7 +21,6 @@ from rocm_assets_tests.servers.fakes import (
     FakeZot,
     LocalRegistryError,
     RegistryServer as RegistryServer,
-    free_port as free_port,
 )
 
 

@@ -1,7 +1,6 @@
 """Parse and evaluate rocm-bake.hcl into a build graph. Pure Python: no Dagster imports."""
 
 from rocm_assets.core.bake.errors import BakeError as BakeError
-from rocm_assets.core.bake.hcl import BakeFile as BakeFile, load_bake as load_bake
 from rocm_assets.core.bake.model import (
     BakeGraph as BakeGraph,
     PublishedInput as PublishedInput,
@@ -11,3 +10,4 @@ from rocm_assets.core.bake.model import (
     load_graph as load_graph,
     resolve as resolve,
 )
+from rocm_assets.core.bake.parse import BakeFile as BakeFile, load_bake as load_bake

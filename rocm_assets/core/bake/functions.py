@@ -15,6 +15,10 @@ from typing import Any
 
 Value = Any
 
+# What Go's strconv.ParseBool reads, as bake applies it to an env override of a bool variable.
+PARSE_BOOL_TRUE = frozenset({"1", "t", "T", "TRUE", "true", "True"})
+PARSE_BOOL_FALSE = frozenset({"0", "f", "F", "FALSE", "false", "False"})
+
 
 def to_string(value: Value) -> str:
     """Convert a primitive the way go-cty does for interpolation and string arguments."""

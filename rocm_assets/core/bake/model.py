@@ -13,8 +13,9 @@ from pathlib import Path
 from typing import Any
 
 from rocm_assets.core.bake.errors import BakeError
+from rocm_assets.core.bake.evaluate import Evaluation
 from rocm_assets.core.bake.functions import to_string
-from rocm_assets.core.bake.hcl import BakeFile, Evaluation, load_bake
+from rocm_assets.core.bake.parse import BakeFile, load_bake
 from rocm_assets.core.constants import (
     ARCH_LIST_ATTR,
     ARCH_VAR,
@@ -116,7 +117,7 @@ class ResolvedBake:
 
 def resolve(bake: BakeFile, env: Mapping[str, str]) -> ResolvedBake:
     """Evaluate a parsed bake file under `env` into targets and groups."""
-    ev = bake.evaluate(env)
+    ev = Evaluation(bake, dict(env))
     values = {name: ev.value(name) for name in ev.names()}
     ev.validate()
     targets: dict[str, Target] = {}

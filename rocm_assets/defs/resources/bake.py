@@ -24,7 +24,8 @@ from rocm_assets.core.constants import (
     ROCM_NODE_TAG,
     ROCM_PLACEMENT_TAG,
 )
-from rocm_assets.core.fleet import Fleet, Node, load_fleet, probe_node
+from rocm_assets.core.fleet import Fleet, Node, load_fleet
+from rocm_assets.core.probes import probe_node
 from rocm_assets.core.settings import bake_file_path
 from rocm_assets.defs.registry_checks import preflight_run
 from rocm_assets.defs.resources.registry import RegistryResource

@@ -1,7 +1,6 @@
-"""Parse a bake file with python-hcl2 and evaluate it the way `docker buildx bake` does.
+"""Evaluate a parsed bake file the way `docker buildx bake` does.
 
-python-hcl2 has no expression evaluator, and its dict output loses line numbers and blurs bare
-identifiers with strings, so this walks the typed tree instead. The evaluator covers what bake
+python-hcl2 has no expression evaluator, so this one walks its typed tree. It covers what bake
 files need: variables (defaults, env overrides typed as bake types them, validation), top-level
 attributes (bake's stand-in for locals), user functions, interpolation and template directives,
 heredocs, conditionals, operators, object/tuple literals, for expressions, indexing, splats,
@@ -9,15 +8,11 @@ heredocs, conditionals, operators, object/tuple literals, for expressions, index
 """
 
 import operator
-import os
 import re
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
-from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from dataclasses import dataclass
+from typing import Any
 
-import hcl2
-import lark
 from hcl2.rules import (
     base as B,
     containers as C,
@@ -31,52 +26,23 @@ from hcl2.rules import (
 )
 
 from rocm_assets.core.bake.errors import BakeError
-from rocm_assets.core.bake.functions import FUNCTIONS, to_bool, to_number, to_string, type_name
-
-if TYPE_CHECKING:
-    from rocm_assets.core.bake.model import ResolvedBake
+from rocm_assets.core.bake.functions import (
+    FUNCTIONS,
+    PARSE_BOOL_FALSE,
+    PARSE_BOOL_TRUE,
+    to_bool,
+    to_number,
+    to_string,
+    type_name,
+)
+from rocm_assets.core.bake.parse import BakeFile, Block, label_of, line_of, parse
 
 Value = Any
 
 # Bake's Target.Merge: these keys merge by key across `inherits`; the rest are replaced.
 _MERGED_KEYS = frozenset({"args", "labels", "contexts", "annotations", "extra-hosts"})
 _BUILTINS = {"BAKE_CMD_CONTEXT": "cwd://", "BAKE_LOCAL_PLATFORM": "linux/amd64"}
-_TRUE = frozenset({"1", "t", "T", "TRUE", "true", "True"})
-_FALSE = frozenset({"0", "f", "F", "FALSE", "false", "False"})
 _ESCAPES = {"n": "\n", "t": "\t", "r": "\r", '"': '"', "\\": "\\"}
-_TOKEN_NAMES = {
-    "RBRACE": "'}'",
-    "LBRACE": "'{'",
-    "RSQB": "']'",
-    "LSQB": "'['",
-    "RPAR": "')'",
-    "LPAR": "'('",
-    "EQ": "'='",
-    "COMMA": "','",
-    "DBLQUOTE": "'\"'",
-    "NAME": "a name",
-    "NL_OR_COMMENT": "a newline",
-    "COLON": "':'",
-    "QMARK": "'?'",
-    "INT_LITERAL": "a number",
-    "$END": "end of file",
-}
-
-
-def _line(rule: Any) -> int:
-    meta = getattr(rule, "_meta", None)
-    return getattr(meta, "line", 0) or 0
-
-
-@dataclass
-class Block:
-    """One `target`, `group`, `variable` or `function` block, with its attributes unevaluated."""
-
-    kind: str
-    name: str
-    line: int
-    attrs: dict[str, B.AttributeRule] = field(default_factory=dict)
-    blocks: list[B.BlockRule] = field(default_factory=list)
 
 
 class _TargetNamespace:
@@ -86,100 +52,6 @@ class _TargetNamespace:
 @dataclass(frozen=True)
 class _TargetRef:
     name: str
-
-
-def parse(text: str, path: Path) -> B.StartRule:
-    """Parse HCL text, turning lark's multi-line errors into one line with file:line."""
-    try:
-        return hcl2.parses(text)
-    except lark.exceptions.UnexpectedInput as exc:
-        expected = sorted(getattr(exc, "expected", None) or getattr(exc, "allowed", None) or ())
-        names = [_TOKEN_NAMES.get(t, t.lower()) for t in expected if t != "NL_OR_COMMENT"][:6]
-        token = getattr(exc, "token", None)
-        got = (
-            "end of file"
-            if token is not None and token.type == "$END"
-            else repr(str(token or "")[:20])
-        )
-        hint = f"; expected {', '.join(names)}" if names else ""
-        raise BakeError(
-            f"syntax error at column {exc.column}: unexpected {got}{hint}", path=path, line=exc.line
-        ) from None
-    except lark.exceptions.LarkError as exc:
-        raise BakeError(f"syntax error: {str(exc).splitlines()[0]}", path=path) from None
-
-
-def _label(rule: Any) -> str:
-    text = rule.serialize()
-    return text[1:-1] if isinstance(text, str) and text.startswith('"') else str(text)
-
-
-class BakeFile:
-    """A parsed bake file. `evaluate(env)` gives every value, target and group for that env."""
-
-    def __init__(self, path: Path, text: str):
-        self.path = path
-        self.tree = parse(text, path)
-        self.attrs: dict[str, B.AttributeRule] = {}
-        self.variables: dict[str, Block] = {}
-        self.functions: dict[str, Block] = {}
-        self.targets: dict[str, list[Block]] = {}
-        self.groups: dict[str, list[Block]] = {}
-        for child in self.tree.body.children:
-            if isinstance(child, B.AttributeRule):
-                self.attrs[child.identifier.serialize()] = child
-            elif isinstance(child, B.BlockRule):
-                self._add_block(child)
-
-    def _add_block(self, rule: B.BlockRule) -> None:
-        labels = [_label(label) for label in rule.labels]
-        kind, line = labels[0], _line(rule)
-        if kind not in ("target", "group", "variable", "function"):
-            # Bake ignores unknown blocks silently (there is no `locals`); an error says why.
-            raise BakeError(
-                f"unknown block type {kind!r}: bake has target, group, variable and function "
-                "(use top-level attributes instead of locals)",
-                path=self.path,
-                line=line,
-            )
-        if len(labels) != 2:
-            raise BakeError(f"a {kind} block needs exactly one label", path=self.path, line=line)
-        block = Block(kind, labels[1], line)
-        for child in rule.body.children:
-            if isinstance(child, B.AttributeRule):
-                block.attrs[child.identifier.serialize()] = child
-            elif isinstance(child, B.BlockRule):
-                block.blocks.append(child)
-        if kind == "target":
-            self.targets.setdefault(block.name, []).append(block)
-        elif kind == "group":
-            self.groups.setdefault(block.name, []).append(block)
-        elif kind == "variable":
-            self.variables[block.name] = block
-        else:
-            self.functions[block.name] = block
-
-    def evaluate(self, env: Mapping[str, str] | None = None) -> "Evaluation":
-        return Evaluation(self, dict(os.environ if env is None else env))
-
-    def resolve(self, env: Mapping[str, str] | None = None) -> "ResolvedBake":
-        """Every target and group under `env` (default: this process's environment)."""
-        from rocm_assets.core.bake.model import resolve  # model builds on this module
-
-        return resolve(self, dict(os.environ if env is None else env))
-
-
-def load_bake(path: str | Path) -> BakeFile:
-    """Read and parse a bake file; a missing or unreadable file is a one-line BakeError."""
-    path = Path(path)
-    try:
-        text = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise BakeError("bake file not found", path=path) from None
-    except (OSError, UnicodeDecodeError) as exc:
-        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
-        raise BakeError(f"cannot read bake file: {reason}", path=path) from None
-    return BakeFile(path, text)
 
 
 class Evaluation:
@@ -194,7 +66,9 @@ class Evaluation:
 
     # ---- errors ----
     def error(self, message: str, rule: Any = None, line: int | None = None) -> BakeError:
-        return BakeError(message, path=self.bake.path, line=line or (_line(rule) if rule else None))
+        return BakeError(
+            message, path=self.bake.path, line=line or (line_of(rule) if rule else None)
+        )
 
     # ---- named values ----
     def names(self) -> list[str]:
@@ -244,9 +118,9 @@ class Evaluation:
     def _typed(self, block: Block, raw: str, kind: str) -> Value:
         """Convert an env override the way bake's convertPrimitive does."""
         if kind == "bool":
-            if raw in _TRUE:
+            if raw in PARSE_BOOL_TRUE:
                 return True
-            if raw in _FALSE:
+            if raw in PARSE_BOOL_FALSE:
                 return False
             raise self.error(f"failed to parse {block.name} as bool: {raw!r}", line=block.line)
         if kind == "number":
@@ -269,7 +143,7 @@ class Evaluation:
         """Run every variable's validation blocks, as bake does once all values are known."""
         for block in self.bake.variables.values():
             for rule in block.blocks:
-                if _label(rule.labels[0]) != "validation":
+                if label_of(rule.labels[0]) != "validation":
                     continue
                 attrs = {
                     c.identifier.serialize(): c

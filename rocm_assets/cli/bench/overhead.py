@@ -1,0 +1,124 @@
+"""The farm's own overhead: the coordinator's decision time and the code location's load.
+
+The registry observation tick is measured by the test suite's benchmarks
+(`rocm_assets_tests/bench_registry_tick.py`), against the real docker-registry and the Zot fake
+that live there.
+"""
+
+import json
+import os
+import random
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from rocm_assets.cli.bench.scenarios import (
+    Settings,
+    arch_names,
+    make_problem,
+    random_fleet,
+    real_builds,
+)
+from rocm_assets.cli.common import CliError
+from rocm_assets.core.bake import BakeGraph
+from rocm_assets.core.constants import BAKE_FILE_ENV
+from rocm_assets.core.fleet import Fleet
+from rocm_assets.core.placement import STRATEGIES, CostModel, choose_placements
+
+TARGET_DECISION_S = 0.050
+TARGET_LOAD_S = 0.5
+
+
+@dataclass(frozen=True)
+class OverheadContext:
+    graph: BakeGraph
+    fleet: Fleet
+    settings: Settings
+
+
+def decision_overhead(ctx: OverheadContext) -> dict[str, Any]:
+    """`choose_placements` for 1,000 queued builds on 50 nodes, as the coordinator calls it:
+    the default group for 90 arches (1,082 builds), the first 62 in dependency order pushed,
+    20 running, 1,000 queued; a random 50-node fleet with the shipped costs."""
+    rng = random.Random(ctx.settings.seed)
+    builds, deps = real_builds(ctx.graph, arch_names(ctx.graph, 90))
+    fleet = random_fleet(rng, ctx.fleet.costs, ctx.fleet.reference, size=50)
+    problem = make_problem(builds, deps, fleet)
+    order = [problem.index.builds[i] for i in problem.index.topo]
+    queued = 1000
+    extra = len(order) - queued
+    running = {
+        b: (node.name, rng.uniform(100, 3000))
+        for b, node in zip(order[extra - 20 : extra], fleet.nodes[:20], strict=True)
+    }
+    pending = order[extra:]
+    out: dict[str, Any] = {"queued": queued, "nodes": len(fleet.nodes), "builds": len(order)}
+    for strategy in STRATEGIES:
+        times = []
+        for _ in range(ctx.settings.decision_repeats):
+            cost = CostModel(fleet)
+            started = time.perf_counter()
+            decision = choose_placements(
+                pending, running, fleet.nodes, cost, 0.0, deps, strategy=strategy
+            )
+            times.append(time.perf_counter() - started)
+        out[strategy] = {
+            "median_ms": round(1000 * statistics.median(times), 2),
+            "max_ms": round(1000 * max(times), 2),
+            "starts": len(decision.starts),
+        }
+    out["target_ms"] = TARGET_DECISION_S * 1000
+    return out
+
+
+_LOAD_SCRIPT = """
+import json, time
+t0 = time.perf_counter()
+import dagster
+t1 = time.perf_counter()
+from rocm_assets.definitions import defs
+t2 = time.perf_counter()
+defs().get_repository_def()
+t3 = time.perf_counter()
+print(json.dumps({"import_dagster_s": t1 - t0, "import_module_s": t2 - t1, "defs_s": t3 - t2}))
+"""
+
+
+def load_overhead(ctx: OverheadContext) -> dict[str, Any]:
+    """The code location's load over a bare `import dagster`, each sample a fresh interpreter:
+    importing rocm_assets.definitions, then parsing and evaluating the bake file and building
+    the Definitions and their repository (what a code server does at start)."""
+    samples = []
+    for _ in range(ctx.settings.load_repeats):
+        done = subprocess.run(
+            [sys.executable, "-c", _LOAD_SCRIPT],
+            capture_output=True,
+            text=True,
+            check=False,
+            env={**os.environ, BAKE_FILE_ENV: str(ctx.graph.path)},
+            timeout=300,
+        )
+        if done.returncode != 0:
+            last = (done.stderr.strip().splitlines() or ["no output"])[-1]
+            raise CliError(f"loading rocm_assets.definitions failed: {last}")
+        samples.append(json.loads(done.stdout.strip().splitlines()[-1]))
+    over = [s["import_module_s"] + s["defs_s"] for s in samples]
+    k = over.index(statistics.median_low(over))
+    return {
+        "samples": len(samples),
+        "over_import_dagster_s": round(over[k], 3),
+        "import_module_s": round(samples[k]["import_module_s"], 3),
+        "defs_s": round(samples[k]["defs_s"], 3),
+        "import_dagster_s": round(samples[k]["import_dagster_s"], 3),
+        "target_s": TARGET_LOAD_S,
+    }
+
+
+OVERHEADS: dict[str, Callable[[OverheadContext], dict[str, Any]]] = {
+    "placement_decision": decision_overhead,
+    "code_location_load": load_overhead,
+}

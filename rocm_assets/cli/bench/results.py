@@ -1,0 +1,179 @@
+"""One instance under every strategy, and a scenario's table of the results."""
+
+import statistics
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from rocm_assets.cli.bench.scenarios import Instance, Scenario
+from rocm_assets.core.placement import STRATEGIES, Schedule, plan
+from rocm_assets.core.placement.simulate import follow, online, serial_plan, simulate
+from rocm_assets.core.solver import SolveResult, solve
+
+ONLINE = ("greedy", "critical-path", "peft", "default")
+# Diagnostics of the default strategy: online with the node each finished build is on (which
+# the coordinator does not pass), and its static plan (`rocm-assets plan`) followed instead.
+DEFAULT_LOCALITY = "default-locality"
+DEFAULT_PLAN = "default-plan"
+SOLVER = "solver"
+BUILDX_DEFAULT = "buildx-default"
+SINGLE_BEST = "single-best-node"
+ALL_STRATEGIES = (*ONLINE, DEFAULT_LOCALITY, DEFAULT_PLAN, SOLVER, BUILDX_DEFAULT, SINGLE_BEST)
+_REL_TOL = 1e-6
+
+
+@dataclass
+class Outcome:
+    """One instance's figures: simulated makespan per strategy, static plan makespans.
+
+    `lower_bound_s` is placement's (path, work, stage); `bound_s` the best proven one, the
+    solver's when it proved more.
+    """
+
+    name: str
+    builds: int
+    nodes: int
+    lower_bound_s: float
+    makespan_s: dict[str, float]
+    plan_s: dict[str, float]
+    solver: SolveResult
+    schedules: dict[str, Schedule] = field(default_factory=dict)
+
+    @property
+    def bound_s(self) -> float:
+        return max(self.lower_bound_s, self.solver.proven_bound_s)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "builds": self.builds,
+            "nodes": self.nodes,
+            "lower_bound_s": round(self.lower_bound_s, 1),
+            "bound_s": round(self.bound_s, 1),
+            "makespan_s": {k: round(v, 1) for k, v in self.makespan_s.items()},
+            "plan_makespan_s": {k: round(v, 1) for k, v in self.plan_s.items()},
+            "solver": {
+                "status": self.solver.status,
+                "objective_s": self.solver.objective_s,
+                "bound_s": self.solver.bound_s,
+                "proven_bound_s": round(self.solver.proven_bound_s, 1),
+                "gap": round(self.solver.gap, 5),
+                "wall_s": round(self.solver.wall_s, 3),
+                "kept_hint": self.solver.kept_hint,
+            },
+        }
+
+
+def run_instance(
+    instance: Instance, solver_limit_s: float, workers: int, keep: bool = False
+) -> Outcome:
+    """Every strategy on one instance: online heuristics, the solver's plan, the baselines."""
+    problem = instance.problem
+    schedules: dict[str, Schedule] = {}
+    for strategy in ONLINE:
+        schedules[strategy] = simulate(problem, online(problem, strategy), strategy)
+    schedules[DEFAULT_LOCALITY] = simulate(
+        problem, online(problem, "default", locality=True), DEFAULT_LOCALITY
+    )
+    plans = {name: plan(problem, name) for name in STRATEGIES}
+    schedules[DEFAULT_PLAN] = simulate(problem, follow(problem, plans["default"]), DEFAULT_PLAN)
+    # Warm start: the shortest default run, static or online (replanning can beat the plan).
+    hint = min(
+        (schedules[k] for k in ("default", DEFAULT_LOCALITY, DEFAULT_PLAN)),
+        key=lambda s: s.makespan_s,
+    )
+    result = solve(problem, solver_limit_s, workers=workers, hint=hint)
+    schedules[SOLVER] = simulate(problem, follow(problem, result.schedule), SOLVER)
+    schedules[BUILDX_DEFAULT] = serial_plan(problem, instance.first_node, BUILDX_DEFAULT)
+    singles = [serial_plan(problem, name, SINGLE_BEST) for name in problem.index.names]
+    schedules[SINGLE_BEST] = min(singles, key=lambda s: s.makespan_s)
+    return Outcome(
+        name=instance.name,
+        builds=len(problem.builds),
+        nodes=len(problem.nodes),
+        lower_bound_s=problem.bounds.best,
+        makespan_s={name: s.makespan_s for name, s in schedules.items()},
+        plan_s={name: s.makespan_s for name, s in plans.items()},
+        solver=result,
+        schedules=schedules if keep else {},
+    )
+
+
+def median(values: Sequence[float]) -> float:
+    return statistics.median(values) if values else 0.0
+
+
+def summarize(scenario: Scenario, outcomes: Sequence[Outcome]) -> dict[str, Any]:
+    """The scenario's table: per strategy, median and worst makespan and ratios."""
+    table: dict[str, dict[str, float]] = {}
+    for strategy in ALL_STRATEGIES:
+        spans = [o.makespan_s[strategy] for o in outcomes]
+        to_lb = [o.makespan_s[strategy] / o.bound_s for o in outcomes]
+        to_greedy = [o.makespan_s[strategy] / o.makespan_s["greedy"] for o in outcomes]
+        table[strategy] = {
+            "median_s": round(median(spans), 1),
+            "worst_s": round(max(spans), 1),
+            "median_ratio_lb": round(median(to_lb), 4),
+            "worst_ratio_lb": round(max(to_lb), 4),
+            "median_ratio_greedy": round(median(to_greedy), 4),
+            "worst_ratio_greedy": round(max(to_greedy), 4),
+            "best_ratio_greedy": round(min(to_greedy), 4),
+        }
+    worse = [
+        o.name
+        for o in outcomes
+        if o.makespan_s["default"] > o.makespan_s["greedy"] * (1 + _REL_TOL)
+    ]
+    plan_worse = [
+        o.name for o in outcomes if o.plan_s["default"] > o.plan_s["greedy"] * (1 + _REL_TOL)
+    ]
+    proven = [o.bound_s / o.makespan_s["greedy"] for o in outcomes]
+    return {
+        "name": scenario.name,
+        "description": scenario.description,
+        "instances": len(outcomes),
+        "builds": [min(o.builds for o in outcomes), max(o.builds for o in outcomes)],
+        "nodes": [min(o.nodes for o in outcomes), max(o.nodes for o in outcomes)],
+        "solver_time_limit_s": scenario.solver_limit_s,
+        "lower_bound_median_s": round(median([o.lower_bound_s for o in outcomes]), 1),
+        "bound_median_s": round(median([o.bound_s for o in outcomes]), 1),
+        # How much the solver's proof raised placement's bound: 1.0 when it added nothing.
+        "bound_over_lower_bound_median": round(
+            median([o.bound_s / o.lower_bound_s for o in outcomes]), 4
+        ),
+        "table": table,
+        "default_worse_than_greedy": worse,
+        "default_plan_worse_than_greedy": plan_worse,
+        "solver": {
+            "optimal": sum(o.solver.status == "OPTIMAL" for o in outcomes),
+            "median_gap": round(median([o.solver.gap for o in outcomes]), 5),
+            "worst_gap": round(max(o.solver.gap for o in outcomes), 5),
+            "median_wall_s": round(median([o.solver.wall_s for o in outcomes]), 3),
+            "worst_wall_s": round(max(o.solver.wall_s for o in outcomes), 3),
+            "kept_hint": sum(o.solver.kept_hint for o in outcomes),
+            # The most any schedule could gain over greedy: 1 - (proven bound / greedy).
+            "median_max_gain_over_greedy": round(1 - median(proven), 4),
+            "min_max_gain_over_greedy": round(1 - max(proven), 4),
+        },
+        "proven_optimal": _proven_optimal(outcomes),
+        "outcomes": [o.to_json() for o in outcomes],
+    }
+
+
+def _proven_optimal(outcomes: Sequence[Outcome]) -> dict[str, Any]:
+    """On instances the solver proved optimal (to its rounding): how far default's online
+    makespan is from the optimum, and how far placement's lower bound is below it."""
+    optimal = [o for o in outcomes if o.solver.status == "OPTIMAL"]
+    if not optimal:
+        return {"instances": 0}
+    to_opt = sorted(o.makespan_s["default"] / o.makespan_s[SOLVER] for o in optimal)
+    lb_gap = sorted(o.bound_s / o.lower_bound_s for o in optimal)
+    return {
+        "instances": len(optimal),
+        "default_over_optimum_median": round(median(to_opt), 4),
+        "default_over_optimum_p90": round(to_opt[int(0.9 * (len(to_opt) - 1))], 4),
+        "default_over_optimum_worst": round(to_opt[-1], 4),
+        "default_within_10pct": sum(r <= 1.10 for r in to_opt),
+        "optimum_over_lower_bound_median": round(median(lb_gap), 4),
+        "optimum_over_lower_bound_worst": round(lb_gap[-1], 4),
+    }

@@ -1,0 +1,74 @@
+"""`rocm-assets graph` and `rocm-assets check`: the resolved build graph, and its drift checks."""
+
+import argparse
+import json
+import sys
+from typing import Any
+
+from rocm_assets.cli.common import EXIT_OK, EXIT_PROBLEMS, add_bake_file, graph_of, out
+from rocm_assets.core.bake import BakeGraph, check_drift
+from rocm_assets.core.builds import check_arches
+
+
+def graph_json(graph: BakeGraph, arch: str) -> dict[str, Any]:
+    return {
+        "arches": list(graph.arches),
+        "targets": {
+            name: {
+                "deps": list(graph.deps[name]),
+                "arch": name in graph.per_arch,
+                "tags": list(graph.tags(name, arch)),
+                "dockerfile": graph.resolve(graph.build_arch(name, arch)).targets[name].dockerfile,
+                "groups": list(graph.groups_of(name)),
+            }
+            for name in graph.targets
+        },
+        "groups": {name: list(members) for name, members in graph.groups.items()},
+    }
+
+
+def cmd_graph(args: argparse.Namespace) -> int:
+    graph = graph_of(args)
+    (arch,) = check_arches(graph, [args.arch or graph.arches[0]])
+    data = graph_json(graph, arch)
+    if args.json:
+        out(json.dumps(data, indent=2))
+        return EXIT_OK
+    out(
+        f"{graph.path}: {len(graph.targets)} targets, {graph.edge_count} edges, arches {', '.join(graph.arches)}"
+    )
+    width = max(len(n) for n in graph.targets)
+    for name, info in data["targets"].items():
+        kind = "arch  " if info["arch"] else "noarch"
+        test = f"  (tests {graph.test_targets[name]})" if name in graph.test_targets else ""
+        deps = ", ".join(info["deps"]) or "-"
+        out(f"  {name:<{width}}  {kind}  <- {deps}{test}")
+    for name, members in graph.groups.items():
+        out(f"  group {name}: {' '.join(members)}")
+    return EXIT_OK
+
+
+def cmd_check(args: argparse.Namespace) -> int:
+    graph = graph_of(args)
+    problems = check_drift(graph)
+    for problem in problems:
+        sys.stderr.write(f"{graph.path}: {problem}\n")
+    if problems:
+        return EXIT_PROBLEMS
+    out(
+        f"{graph.path}: ok: {len(graph.targets)} targets, {graph.edge_count} edges, "
+        f"{len(graph.groups)} groups, PUB_* references match for {len(graph.arches)} arches"
+    )
+    return EXIT_OK
+
+
+def add_parsers(sub: Any) -> None:
+    p = sub.add_parser("graph", help="print the resolved build graph")
+    add_bake_file(p)
+    p.add_argument("--arch", help="arch to resolve tags for (default: the first in the bake file)")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_graph)
+
+    p = sub.add_parser("check", help="drift checks: PUB_* references, groups, published mode")
+    add_bake_file(p)
+    p.set_defaults(func=cmd_check)

@@ -1,0 +1,210 @@
+"""`rocm-assets plan` (the dry run: what would be built where and when) and `rocm-assets best`."""
+
+import argparse
+import json
+from typing import Any
+
+from rocm_assets.cli.common import EXIT_OK, CliError, add_bake_file, add_fleet, graph_of, out, warn
+from rocm_assets.cli.gantt import GanttError, write_gantt
+from rocm_assets.core.bake import BakeGraph
+from rocm_assets.core.builds import Build, build_deps, builds_for, check_arches, select_targets
+from rocm_assets.core.constants import DEFAULT_GROUP
+from rocm_assets.core.fleet import Fleet, Node, fleet_path, load_fleet
+from rocm_assets.core.placement import (
+    STRATEGIES,
+    CostModel,
+    PlacementError,
+    Problem,
+    plan,
+    validate_schedule,
+)
+from rocm_assets.core.probes import NodeProbe, best_node, probe_fleet
+from rocm_assets.core.solver import DEFAULT_TIME_LIMIT_S, SOLVER_STRATEGY, SolverError, solve
+from rocm_assets.core.timefmt import duration
+
+
+def _plan_builds(
+    graph: BakeGraph, args: argparse.Namespace
+) -> tuple[list[Build], dict[Build, frozenset[Build]], dict[Build, list[Build]]]:
+    """The requested builds, their deps, and the inputs outside the request (-> who needs them)."""
+    group = None if args.targets else args.group or DEFAULT_GROUP
+    targets = select_targets(graph, group=group, targets=args.targets)
+    arches = check_arches(graph, args.arch or [graph.arches[0]])
+    builds = builds_for(graph, targets, arches)
+    deps = {b: build_deps(graph, b) for b in builds}
+    requested = set(builds)
+    outside: dict[Build, list[Build]] = {}
+    for b in builds:
+        for d in sorted(deps[b]):
+            if d not in requested:
+                outside.setdefault(d, []).append(b)
+    return builds, deps, outside
+
+
+def _probed_nodes(fleet: Fleet, probe: bool) -> tuple[list[NodeProbe], list[Node]]:
+    """Live probes (excluded nodes named on stderr) or none; the nodes a plan may use."""
+    if not probe:
+        return [], list(fleet.nodes)
+    probes = probe_fleet(fleet)
+    for p in probes:
+        if not p.ok:
+            warn(f"excluded {p.node}: {p.reason}")
+    usable = {p.node for p in probes if p.ok}
+    nodes = [n for n in fleet.nodes if n.name in usable]
+    if not nodes:
+        raise CliError("every node is excluded by its probe (reasons above): nothing to plan on")
+    return [p for p in probes if p.ok], nodes
+
+
+def cmd_plan(args: argparse.Namespace) -> int:
+    graph = graph_of(args)
+    builds, deps, outside = _plan_builds(graph, args)
+    fleet = load_fleet(args.fleet)
+    probes, nodes = _probed_nodes(fleet, args.probe)
+    problem = Problem(tuple(builds), deps, tuple(nodes), CostModel(fleet, probes=probes))
+    extra: dict[str, Any] = {}
+    try:
+        if args.strategy == SOLVER_STRATEGY:
+            result = solve(problem, args.time_limit)
+            schedule = result.schedule
+            bound = max(schedule.lower_bound_s, result.proven_bound_s)
+            extra["solver"] = {
+                "status": result.status,
+                "proven_bound_s": round(result.proven_bound_s, 3),
+                "gap": round(result.gap, 5),
+                "time_limit_s": args.time_limit,
+                "kept_hint": result.kept_hint,
+            }
+        else:
+            schedule = plan(problem, args.strategy)
+            bound = schedule.lower_bound_s
+        errors = validate_schedule(problem, schedule)
+        if errors:
+            raise CliError(f"the {schedule.strategy} plan is invalid: {errors[0]}")
+        if args.gantt:
+            write_gantt(
+                schedule, args.gantt, [n.name for n in fleet.nodes], title="rocm-assets plan"
+            )
+            warn(f"wrote {args.gantt}")
+    except (PlacementError, SolverError, GanttError) as exc:
+        raise CliError(str(exc)) from None
+    published = [
+        {
+            "target": d.target,
+            "arch": d.arch,
+            "image": (graph.tags(d.target, d.arch) or ("",))[0],
+            "needed_by": [str(b) for b in needers],
+        }
+        for d, needers in sorted(outside.items())
+    ]
+    if args.json:
+        data = {
+            "strategy": schedule.strategy,
+            "makespan_s": round(schedule.makespan_s, 3),
+            "lower_bound_s": round(bound, 3),
+            "builds": [
+                {
+                    "target": a.build.target,
+                    "arch": a.build.arch,
+                    "node": a.node,
+                    "start_s": round(a.start_s, 3),
+                    "end_s": round(a.end_s, 3),
+                }
+                for a in schedule.assignments
+            ],
+            "must_be_published": published,
+            **extra,
+        }
+        out(json.dumps(data, indent=2))
+        return EXIT_OK
+    width = max((len(a.node) for a in schedule.assignments), default=4)
+    out(f"{'start':>9}  {'end':>9}  {'node':<{width}}  build")
+    for a in schedule.assignments:
+        out(f"{duration(a.start_s):>9}  {duration(a.end_s):>9}  {a.node:<{width}}  {a.build}")
+    ratio = schedule.makespan_s / bound if bound > 0 else 1.0
+    out(
+        f"{len(schedule.assignments)} builds on {len(nodes)} nodes, strategy {schedule.strategy}: "
+        f"makespan {duration(schedule.makespan_s)}, lower bound {duration(bound)} ({ratio:.3f}x)"
+    )
+    if "solver" in extra:
+        out(f"solver: {extra['solver']['status']}, gap {100 * extra['solver']['gap']:.1f}%")
+    for item in published:
+        out(
+            f"must already be published: {item['image']} (needed by {', '.join(item['needed_by'])})"
+        )
+    return EXIT_OK
+
+
+def cmd_best(args: argparse.Namespace) -> int:
+    fleet = load_fleet(args.fleet)
+    probes = probe_fleet(fleet)
+    for p in probes:
+        if not p.ok:
+            warn(f"excluded {p.node}: {p.reason}")
+    best = best_node(probes)
+    if best is None:
+        raise CliError(f"no node of {fleet_path(args.fleet)} is reachable (reasons above)")
+    source = "probed" if best.probed else "fleet figures, no ssh"
+    if args.json:
+        data = {
+            "node": best.node,
+            "builder": fleet.node(best.node).builder,
+            "score": round(best.score, 2),
+            "mem_available_gb": round(best.mem_available_gb, 2),
+            "idle_cores": round(best.idle_cores, 2),
+            "cores": best.cores,
+            "probed": best.probed,
+            "nodes": [
+                {
+                    "node": p.node,
+                    "ok": p.ok,
+                    "reason": p.reason,
+                    "score": round(p.score, 2),
+                    "probed": p.probed,
+                }
+                for p in probes
+            ],
+        }
+        out(json.dumps(data, indent=2))
+        return EXIT_OK
+    out(
+        f"{best.node}: score {best.score:.1f} ({best.mem_available_gb:.1f} GB free + "
+        f"{best.idle_cores:.1f} idle cores of {best.cores}; {source})"
+    )
+    return EXIT_OK
+
+
+def add_parsers(sub: Any) -> None:
+    p = sub.add_parser("plan", help="dry run: what would be scheduled, where and when")
+    add_bake_file(p)
+    what = p.add_mutually_exclusive_group()
+    what.add_argument("--group", metavar="G", help=f"a bake group (default: {DEFAULT_GROUP})")
+    what.add_argument("--targets", nargs="+", metavar="T", help="bake targets, only these")
+    p.add_argument(
+        "--arch", nargs="+", metavar="A", help="GPU arches (default: the first in the bake file)"
+    )
+    add_fleet(p)
+    p.add_argument(
+        "--strategy",
+        choices=[*STRATEGIES, SOLVER_STRATEGY],
+        default="default",
+        help="placement strategy (default: default, the best heuristic plan)",
+    )
+    p.add_argument(
+        "--time-limit",
+        type=float,
+        default=DEFAULT_TIME_LIMIT_S,
+        metavar="S",
+        help=f"solver time limit in seconds (default: {DEFAULT_TIME_LIMIT_S:g})",
+    )
+    p.add_argument(
+        "--probe", action="store_true", help="use live SSH probes, not the fleet figures"
+    )
+    p.add_argument("--json", action="store_true")
+    p.add_argument("--gantt", metavar="FILE", help="also draw the plan: .svg, .png or .html")
+    p.set_defaults(func=cmd_plan)
+
+    p = sub.add_parser("best", help="the strongest node now, by probe score")
+    add_fleet(p)
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_best)

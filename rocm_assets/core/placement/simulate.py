@@ -1,0 +1,142 @@
+"""A discrete-event simulator of the farm: how a placement policy plays out, build by build.
+
+Nothing here re-implements placement. Time advances from one build's end to the next; at each
+event a policy says which builds start where, with the arguments the run coordinator has (pending
+builds, running ones with their estimated ends, where finished ones were built). A build's
+duration is the cost model's occupancy (`Problem.index.occupancy`: pulls of inputs built
+elsewhere, build, push), the figure `validate_schedule` checks, and every simulated schedule is
+validated against it. The benchmark and the tests drive it.
+"""
+
+from collections.abc import Callable, Iterable
+
+from rocm_assets.core.builds import Build
+from rocm_assets.core.placement.bounds import validate_schedule
+from rocm_assets.core.placement.online import choose_placements
+from rocm_assets.core.placement.problem import Assignment, Problem, Schedule
+
+
+class SimulationError(RuntimeError):
+    """The simulation found an inconsistency (a stalled or invalid schedule): a bug to report."""
+
+
+Policy = Callable[
+    [float, set[Build], dict[Build, tuple[str, float]], dict[Build, str]],
+    Iterable[tuple[Build, str]],
+]
+
+
+def simulate(problem: Problem, policy: Policy, label: str) -> Schedule:
+    """Run `problem` from time 0, asking `policy` at every event which builds start where.
+
+    An event is the start (time 0) or a build's push ending. The simulator enforces what the
+    farm enforces (one build per node, inputs pushed before a start) and raises SimulationError if
+    the policy breaks it or leaves builds pending with nothing running.
+    """
+    ix = problem.index
+    n = len(ix.builds)
+    node_pos = {name: p for p, name in enumerate(ix.names)}
+    node_of, start, end = [-1] * n, [0.0] * n, [0.0] * n
+    pending = set(ix.builds)
+    running: dict[Build, tuple[str, float]] = {}
+    pushed: dict[Build, str] = {}
+    now = 0.0
+    while pending or running:
+        busy = {node for node, _ in running.values()}
+        for b, node in policy(now, pending, running, pushed):
+            i = ix.pos[b]
+            if b not in pending or node in busy:
+                raise SimulationError(
+                    f"{label}: {b} started on {node} at {now:.0f}s twice or on a busy node"
+                )
+            if any(ix.builds[k] not in pushed for k in ix.preds[i]):
+                raise SimulationError(
+                    f"{label}: {b} started at {now:.0f}s before its inputs were pushed"
+                )
+            _, local = ix.inputs(i, node_of, end)
+            p = node_pos[node]
+            node_of[i], start[i], end[i] = p, now, now + ix.occupancy(i, p, local)
+            running[b] = (node, end[i])
+            pending.discard(b)
+            busy.add(node)
+        if not running:
+            raise SimulationError(
+                f"{label}: stalled at {now:.0f}s with {len(pending)} builds pending"
+            )
+        now = min(e for _, e in running.values())
+        for b in [b for b, (_, e) in running.items() if e <= now]:
+            pushed[b] = running.pop(b)[0]
+    assignments = sorted(
+        (Assignment(ix.builds[i], ix.names[node_of[i]], start[i], end[i]) for i in range(n)),
+        key=lambda a: (a.start_s, a.node, a.build),
+    )
+    schedule = Schedule(label, tuple(assignments), max(end, default=0.0), problem.bounds.best)
+    errors = validate_schedule(problem, schedule)
+    if errors:
+        raise SimulationError(f"{label}: the simulated schedule is invalid: {errors[0]}")
+    return schedule
+
+
+def online(problem: Problem, strategy: str, *, locality: bool = False) -> Policy:
+    """The coordinator's decision at each event: `choose_placements` with the same arguments
+    it passes. `locality=True` also passes the node each finished build is on (`pushed`), as the
+    coordinator does; without it a finished input counts as published (its pull charged on every
+    node) while the simulator charges pulls as they really happen."""
+    nodes = list(problem.nodes)
+
+    def decide(
+        now: float,
+        pending: set[Build],
+        running: dict[Build, tuple[str, float]],
+        pushed: dict[Build, str],
+    ) -> list[tuple[Build, str]]:
+        decision = choose_placements(
+            list(pending),
+            running,
+            nodes,
+            problem.cost,
+            now,
+            problem.deps,
+            pushed if locality else None,
+            strategy,
+        )
+        return [(s.build, s.node) for s in decision.starts]
+
+    return decide
+
+
+def follow(problem: Problem, schedule: Schedule) -> Policy:
+    """A static plan followed online: each node takes its builds in the plan's order, each as
+    soon as the node is free and its inputs are pushed."""
+    queues: dict[str, list[Build]] = {}
+    for a in sorted(schedule.assignments, key=lambda a: (a.start_s, a.end_s)):
+        queues.setdefault(a.node, []).append(a.build)
+    for queue in queues.values():
+        queue.reverse()
+    empty: frozenset[Build] = frozenset()
+
+    def decide(
+        now: float,
+        pending: set[Build],
+        running: dict[Build, tuple[str, float]],
+        pushed: dict[Build, str],
+    ) -> list[tuple[Build, str]]:
+        busy = {node for node, _ in running.values()}
+        starts = []
+        for node, queue in queues.items():
+            if node in busy or not queue:
+                continue
+            b = queue[-1]
+            if not any(d in pending or d in running for d in problem.deps.get(b, empty)):
+                starts.append((queue.pop(), node))
+        return starts
+
+    return decide
+
+
+def serial_plan(problem: Problem, node: str, label: str) -> Schedule:
+    """Every build on `node`, one after another in dependency order."""
+    ix = problem.index
+    order = [ix.builds[i] for i in ix.topo]
+    fake = tuple(Assignment(b, node, float(k), float(k)) for k, b in enumerate(order))
+    return simulate(problem, follow(problem, Schedule(label, fake, 0.0, 0.0)), label)

@@ -1,0 +1,66 @@
+"""The private Dagster APIs the coordinator cannot do without, kept in this one module.
+
+Each is here because no public API does the job in Dagster 1.13:
+- `RunQueueConfig` is the return type of `QueuedRunCoordinator.get_run_queue_config`, the hook
+  the queued-run daemon calls every iteration; the coordinator overrides it.
+- `ConfigurableClassData` and `UserConfigSchema` are what an instance plugin's
+  `from_config_value` / `config_type` take and return (dagster.yaml `run_coordinator:`).
+- `UnresolvedAssetJobDefinition` is what `dg.define_asset_job` returns, which Dagster does not
+  export by name; the code location uses it only to type its job factories.
+- `subset_run` creates a run of one asset of a job (the fan-out of a multi-build request):
+  there is no public way to subset a remote job and create its run from inside a coordinator.
+"""
+
+from collections.abc import Mapping
+
+import dagster as dg
+from dagster._config import UserConfigSchema as UserConfigSchema
+from dagster._core.definitions.selector import JobSubsetSelector
+from dagster._core.definitions.unresolved_asset_job_definition import (
+    UnresolvedAssetJobDefinition as UnresolvedAssetJobDefinition,
+)
+from dagster._core.run_coordinator.queued_run_coordinator import RunQueueConfig as RunQueueConfig
+from dagster._core.workspace.context import BaseWorkspaceRequestContext
+from dagster._serdes import ConfigurableClassData as ConfigurableClassData
+
+
+def subset_run(
+    instance: dg.DagsterInstance,
+    workspace: BaseWorkspaceRequestContext,
+    run: dg.DagsterRun,
+    key: dg.AssetKey,
+    tags: Mapping[str, str],
+) -> dg.DagsterRun:
+    """A NOT_STARTED run of `run`'s job that materializes `key` alone, with `tags`."""
+    origin = run.remote_job_origin
+    if origin is None:
+        raise dg.DagsterInvariantViolationError(f"run {run.run_id} has no remote job origin")
+    location_name = origin.repository_origin.code_location_origin.location_name
+    repo_name = origin.repository_origin.repository_name
+    location = workspace.get_code_location(location_name)
+    remote_job = location.get_job(
+        JobSubsetSelector(location_name, repo_name, run.job_name, None, [key], None)
+    )
+    plan = location.get_execution_plan(
+        remote_job, run.run_config, step_keys_to_execute=None, known_state=None, instance=instance
+    )
+    return instance.create_run(
+        job_name=run.job_name,
+        run_id=None,
+        run_config=run.run_config,
+        resolved_op_selection=None,
+        step_keys_to_execute=None,
+        status=dg.DagsterRunStatus.NOT_STARTED,
+        op_selection=None,
+        root_run_id=None,
+        parent_run_id=None,
+        tags=dict(tags),
+        job_snapshot=remote_job.job_snapshot,
+        execution_plan_snapshot=plan.execution_plan_snapshot,
+        parent_job_snapshot=remote_job.parent_job_snapshot,
+        remote_job_origin=remote_job.get_remote_origin(),
+        job_code_origin=remote_job.get_python_origin(),
+        asset_selection=frozenset({key}),
+        asset_check_selection=None,
+        asset_graph=location.get_repository(repo_name).asset_graph,
+    )

@@ -1,0 +1,102 @@
+"""The package's layers hold: the folders say what may import what, and this checks they do.
+
+- `rocm_assets.core` never imports Dagster or another layer, not even lazily: every module of it
+  imports in a fresh interpreter with `dagster` absent from sys.modules afterwards.
+- `rocm_assets.instance` (the run coordinator, loaded by the webserver and daemon) never imports
+  `rocm_assets.defs` or `rocm_assets.cli`; `rocm_assets.defs` never imports `rocm_assets.cli`.
+- No module under `rocm_assets/` is over 600 lines, and no test double lives in the product.
+
+Real: the installed package and a fresh Python interpreter; nothing is mocked.
+"""
+
+import ast
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from rocm_assets_tests.helpers import PROJECT_ROOT
+
+PACKAGE = PROJECT_ROOT / "rocm_assets"
+MAX_LINES = 600
+
+
+def _module(path: Path) -> str:
+    parts = path.relative_to(PROJECT_ROOT).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _modules(layer: str) -> list[str]:
+    return sorted(_module(p) for p in (PACKAGE / layer).rglob("*.py"))
+
+
+def _imports(path: Path) -> set[str]:
+    """Every module `path` imports, at the top or inside a function."""
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            found.add(node.module)
+            found.update(f"{node.module}.{alias.name}" for alias in node.names)
+    return found
+
+
+_PROBE = """
+import importlib, json, sys
+loaded = {}
+for name in sys.argv[1:]:
+    importlib.import_module(name)
+    loaded[name] = sorted(m for m in sys.modules if m == "dagster" or m.startswith("dagster."))[:3]
+print(json.dumps(loaded))
+"""
+
+
+def test_every_core_module_imports_without_dagster() -> None:
+    modules = _modules("core")
+    assert "rocm_assets.core.placement.online" in modules and len(modules) > 20
+    done = subprocess.run(
+        [sys.executable, "-c", _PROBE, *modules],
+        capture_output=True,
+        text=True,
+        check=False,
+        cwd=PROJECT_ROOT,
+    )
+    assert done.returncode == 0, done.stderr
+    loaded = json.loads(done.stdout)
+    assert {name: mods for name, mods in loaded.items() if mods} == {}
+
+
+@pytest.mark.parametrize(
+    ("layer", "forbidden"),
+    [
+        (
+            "core",
+            ("dagster", "dagster_", "rocm_assets.defs", "rocm_assets.instance", "rocm_assets.cli"),
+        ),
+        ("instance", ("rocm_assets.defs", "rocm_assets.cli", "rocm_assets.definitions")),
+        ("defs", ("rocm_assets.cli",)),
+    ],
+)
+def test_a_layer_imports_only_inwards(layer: str, forbidden: tuple[str, ...]) -> None:
+    wrong = {
+        _module(path): sorted(m for m in _imports(path) if m.startswith(forbidden))
+        for path in (PACKAGE / layer).rglob("*.py")
+    }
+    assert {name: mods for name, mods in wrong.items() if mods} == {}
+
+
+def test_no_module_is_over_600_lines() -> None:
+    sizes = {_module(p): len(p.read_text().splitlines()) for p in PACKAGE.rglob("*.py")}
+    assert {name: n for name, n in sizes.items() if n > MAX_LINES} == {}
+
+
+def test_no_test_double_ships_in_the_package() -> None:
+    servers = {
+        _module(path): sorted(m for m in _imports(path) if m.startswith("http.server"))
+        for path in PACKAGE.rglob("*.py")
+    }
+    assert {name: mods for name, mods in servers.items() if mods} == {}
+    assert not any("class Fake" in p.read_text() for p in PACKAGE.rglob("*.py"))
