@@ -10,6 +10,7 @@ pytest_plugins = [
     "rocm_assets_tests.servers.registry",
     "rocm_assets_tests.servers.sshd",
     "rocm_assets_tests.servers.dockerd",
+    "rocm_assets_tests.servers.postgres",
 ]
 
 
