@@ -80,14 +80,17 @@ def test_jobs_mirror_the_groups(graph, defs) -> None:
 
 
 def test_appended_target_becomes_an_asset(tmp_path: Path) -> None:
-    path = with_target(tmp_path / "bake.hcl", """
+    path = with_target(
+        tmp_path / "bake.hcl",
+        """
 target "extra-wheel" {
   inherits = ["_common"]
   contexts = USE_PUB ? {} : { "vllm" = "target:vllm" }
   args = { VLLM_IMAGE = USE_PUB ? PUB_VLLM : "vllm" }
   tags = [img("extra-wheel", TORCH_TAG)]
 }
-""")
+""",
+    )
     graph = load_graph(path, {})
     loaded = dg.Definitions(
         assets=build_bake_assets(graph),

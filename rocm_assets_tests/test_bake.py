@@ -255,7 +255,9 @@ def test_published_inputs_name_producers(shipped) -> None:
 
 
 def test_appended_target_joins_the_graph(tmp_path: Path) -> None:
-    path = with_target(tmp_path / "bake.hcl", """
+    path = with_target(
+        tmp_path / "bake.hcl",
+        """
 target "extra-wheel" {
   inherits = ["_common"]
   dockerfile = "docker/extra-wheel.Dockerfile"
@@ -266,7 +268,8 @@ target "extra-wheel" {
   }
   tags = [img("extra-wheel", TORCH_TAG)]
 }
-""")
+""",
+    )
     graph = load_graph(path, {})
     assert graph.deps["extra-wheel"] == ("nixl-wheel", "vllm")
     assert "extra-wheel" in graph.per_arch

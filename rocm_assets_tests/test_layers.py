@@ -100,3 +100,12 @@ def test_no_test_double_ships_in_the_package() -> None:
     }
     assert {name: mods for name, mods in servers.items() if mods} == {}
     assert not any("class Fake" in p.read_text() for p in PACKAGE.rglob("*.py"))
+
+
+def test_private_dagster_apis_stay_in_one_module() -> None:
+    private = {
+        _module(path): sorted(m for m in _imports(path) if m.startswith("dagster._"))
+        for path in PACKAGE.rglob("*.py")
+    }
+    users = {name for name, mods in private.items() if mods}
+    assert users == {"rocm_assets.instance.dagster_internals"}

@@ -22,10 +22,11 @@ from collections.abc import Iterable
 import dagster as dg
 import sqlalchemy as sa
 
-# Private Dagster API, kept to this module: the slot tables and the storage's SQL connection are
-# the only way to make a claim atomic in the instance's own storage; Dagster's public claim is not.
-from dagster._core.storage.event_log.schema import ConcurrencySlotsTable, PendingStepsTable
-from dagster._core.storage.event_log.sql_event_log import SqlEventLogStorage
+from rocm_assets.instance.dagster_internals import (
+    ConcurrencySlotsTable,
+    PendingStepsTable,
+    SqlEventLogStorage,
+)
 
 BUILDER_POOL_PREFIX = "rocm-builder/"
 # The step key a claim writes: Dagster treats a slot with a step key as taken, and tells our

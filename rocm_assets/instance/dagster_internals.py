@@ -7,6 +7,10 @@ Each is here because no public API does the job in Dagster 1.13:
   `from_config_value` / `config_type` take and return (dagster.yaml `run_coordinator:`).
 - `UnresolvedAssetJobDefinition` is what `dg.define_asset_job` returns, which Dagster does not
   export by name; the code location uses it only to type its job factories.
+- `ConcurrencySlotsTable`, `PendingStepsTable` and `SqlEventLogStorage` are the pool tables and
+  the storage's SQL connection: the only way to claim a builder atomically in the instance's own
+  storage, since Dagster's public `claim_concurrency_slot` is not atomic across processes
+  (`rocm_assets.instance.claims`).
 - `subset_run` creates a run of one asset of a job (the fan-out of a multi-build request):
   there is no public way to subset a remote job and create its run from inside a coordinator.
 """
@@ -20,6 +24,11 @@ from dagster._core.definitions.unresolved_asset_job_definition import (
     UnresolvedAssetJobDefinition as UnresolvedAssetJobDefinition,
 )
 from dagster._core.run_coordinator.queued_run_coordinator import RunQueueConfig as RunQueueConfig
+from dagster._core.storage.event_log.schema import (
+    ConcurrencySlotsTable as ConcurrencySlotsTable,
+    PendingStepsTable as PendingStepsTable,
+)
+from dagster._core.storage.event_log.sql_event_log import SqlEventLogStorage as SqlEventLogStorage
 from dagster._core.workspace.context import BaseWorkspaceRequestContext
 from dagster._serdes import ConfigurableClassData as ConfigurableClassData
 
