@@ -21,7 +21,7 @@ from typing import Any
 
 import httpx
 
-from rocm_assets.cli.common import EXIT_ERROR, EXIT_OK
+from rocm_assets.cli.common import EXIT_ERROR, EXIT_OK, add_list
 from rocm_assets.core.bake import BakeGraph, load_graph
 from rocm_assets.core.builds import SelectionError, check_arches, select_targets
 from rocm_assets.core.constants import DEFAULT_DAGSTER_URL
@@ -275,11 +275,9 @@ def add_parser(subparsers: Any) -> None:
     p.add_argument("--bake-file", help="bake file (default: $ROCM_BAKE_FILE, else ./rocm-bake.hcl)")
     what = p.add_mutually_exclusive_group(required=True)
     what.add_argument("--group", metavar="G", help="a bake group")
-    what.add_argument("--targets", nargs="+", metavar="T", help="bake targets")
+    add_list(what, "--targets", metavar="T", help="bake targets")
     what.add_argument("--job", metavar="J", help="a partitioned job, e.g. pytorch_run_job")
-    p.add_argument(
-        "--arch", nargs="+", required=True, metavar="A", help="GPU arches (partitions) to build"
-    )
+    add_list(p, "--arch", required=True, metavar="A", help="GPU arches (partitions) to build")
     p.add_argument(
         "--url", default=DEFAULT_DAGSTER_URL, help=f"webserver URL (default: {DEFAULT_DAGSTER_URL})"
     )

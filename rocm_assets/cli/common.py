@@ -2,6 +2,7 @@
 
 import argparse
 import sys
+from typing import Any, NoReturn
 
 from rocm_assets.core.bake import BakeGraph, load_graph
 from rocm_assets.core.constants import FLEET_FILE_ENV
@@ -14,6 +15,22 @@ EXIT_OK, EXIT_PROBLEMS, EXIT_ERROR = 0, 1, 2
 
 class CliError(Exception):
     """A one-line error for the user; exit status 2."""
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse with the farm's error shape: one line on stderr, exit 2 (no usage block)."""
+
+    def error(self, message: str) -> NoReturn:
+        # prog is "rocm-assets" or "rocm-assets plan": the command goes after the error word.
+        tool, _, command = self.prog.partition(" ")
+        where = f"{command}: " if command else ""
+        sys.stderr.write(f"{tool}: error: {where}{message}\n")
+        sys.exit(EXIT_ERROR)
+
+
+def add_list(parser: Any, *flags: str, **kwargs: Any) -> None:
+    """A list option: repeats add (`--arch a --arch b` is `--arch a b`), an empty list is refused."""
+    parser.add_argument(*flags, action="extend", nargs="+", **kwargs)
 
 
 def out(text: str = "") -> None:

@@ -9,7 +9,7 @@ import sys
 from collections.abc import Callable, Sequence
 
 from rocm_assets.cli import backfill, bench, buildall, graph, plan, preflight
-from rocm_assets.cli.common import EXIT_ERROR, CliError, add_fleet
+from rocm_assets.cli.common import EXIT_ERROR, CliError, Parser, add_fleet
 from rocm_assets.core.bake import BakeError
 from rocm_assets.core.builds import SelectionError
 from rocm_assets.core.constants import DEFAULT_DAGSTER_URL
@@ -26,7 +26,7 @@ def cmd_watch(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="rocm-assets", description=__doc__.splitlines()[0])
+    parser = Parser(prog="rocm-assets", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
     graph.add_parsers(sub)
     preflight.add_parsers(sub)

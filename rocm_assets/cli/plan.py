@@ -4,7 +4,16 @@ import argparse
 import json
 from typing import Any
 
-from rocm_assets.cli.common import EXIT_OK, CliError, add_bake_file, add_fleet, graph_of, out, warn
+from rocm_assets.cli.common import (
+    EXIT_OK,
+    CliError,
+    add_bake_file,
+    add_fleet,
+    add_list,
+    graph_of,
+    out,
+    warn,
+)
 from rocm_assets.cli.gantt import GanttError, write_gantt
 from rocm_assets.core.bake import BakeGraph
 from rocm_assets.core.builds import Build, build_deps, builds_for, check_arches, select_targets
@@ -179,10 +188,8 @@ def add_parsers(sub: Any) -> None:
     add_bake_file(p)
     what = p.add_mutually_exclusive_group()
     what.add_argument("--group", metavar="G", help=f"a bake group (default: {DEFAULT_GROUP})")
-    what.add_argument("--targets", nargs="+", metavar="T", help="bake targets, only these")
-    p.add_argument(
-        "--arch", nargs="+", metavar="A", help="GPU arches (default: the first in the bake file)"
-    )
+    add_list(what, "--targets", metavar="T", help="bake targets, only these")
+    add_list(p, "--arch", metavar="A", help="GPU arches (default: the first in the bake file)")
     add_fleet(p)
     p.add_argument(
         "--strategy",

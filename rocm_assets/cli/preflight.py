@@ -5,7 +5,7 @@ import json
 import os
 from typing import Any
 
-from rocm_assets.cli.common import EXIT_OK, EXIT_PROBLEMS, CliError, add_bake_file, out
+from rocm_assets.cli.common import EXIT_OK, EXIT_PROBLEMS, CliError, add_bake_file, add_list, out
 from rocm_assets.core.bake import load_graph
 from rocm_assets.core.builds import builds_for, check_arches, select_targets
 from rocm_assets.core.constants import REGISTRY_URL_ENV, REGISTRY_VAR
@@ -47,7 +47,7 @@ def add_parsers(sub: Any) -> None:
     add_bake_file(p)
     p.add_argument("--arch", required=True, help="the GPU arch (partition) to build")
     what = p.add_mutually_exclusive_group(required=True)
-    what.add_argument("--targets", nargs="+", metavar="T", help="bake targets to build")
+    add_list(what, "--targets", metavar="T", help="bake targets to build")
     what.add_argument("--group", metavar="G", help="a bake group to build")
     p.add_argument("--registry", help=f"registry URL (default: ${REGISTRY_URL_ENV})")
     p.add_argument("--json", action="store_true")
