@@ -1,7 +1,7 @@
 """List options lose nothing: a repeated `--arch` or `--targets` adds, never replaces.
 
 Every list option of every `rocm-assets` command: `plan --arch/--targets`, `preflight --targets`,
-`backfill --arch/--targets`. Real: the CLI in a fresh interpreter for plan (the shipped bake file
+`backfill --arch/--targets`, `build-all --arch` (its bakes: test_make.py). Real: the CLI in a fresh interpreter for plan (the shipped bake file
 and fleet, no server needed); the parser and the backfill's selection for backfill (its launch
 needs a webserver, which test_backfill.py drives); the parser for preflight.
 """
@@ -56,6 +56,12 @@ def test_plan_targets_repeated_equals_listed() -> None:
             ["backfill", "--targets", "vllm", "lmcache", "--arch", "gfx942"],
             "targets",
             ["vllm", "lmcache"],
+        ),
+        (
+            ["build-all", "--builder", "b", "--arch", "gfx942", "--arch", "gfx950"],
+            ["build-all", "--builder", "b", "--arch", "gfx942", "gfx950"],
+            "arch",
+            ["gfx942", "gfx950"],
         ),
         (
             ["plan", "--arch", "gfx942", "--arch", "gfx950", "--arch", "gfx1100"],

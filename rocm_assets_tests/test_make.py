@@ -154,6 +154,15 @@ def test_build_all_bakes_the_group_once_on_one_builder(
     assert f"GPU_ARCH=gfx1100 docker buildx bake -f {bake_file}" in out.stderr
 
 
+def test_build_all_bakes_each_arch_in_turn(
+    shim_env: dict[str, str], docker_shim_record: RecordingShim
+) -> None:
+    # ARCH lists arches; build-all bakes once per arch, none dropped (issue 15).
+    out = make("build-all", "BUILDER=snoc-think", "ARCH=gfx942 gfx1100", env=shim_env)
+    assert out.returncode == 0, out.stderr
+    assert [r["env"]["GPU_ARCH"] for r in docker_shim_record.records()] == ["gfx942", "gfx1100"]
+
+
 def test_build_all_refuses_published_inputs(
     shim_env: dict[str, str], docker_shim_record: RecordingShim
 ) -> None:

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from rocm_assets.cli.common import EXIT_ERROR
+from rocm_assets.cli.common import EXIT_ERROR, add_list
 from rocm_assets.core.bake import BakeGraph, load_graph
 from rocm_assets.core.bake.functions import PARSE_BOOL_FALSE
 from rocm_assets.core.builds import SelectionError, check_arches, check_group
@@ -117,17 +117,26 @@ def run(invocation: BuildAll) -> int:
 def cmd_build_all(args: argparse.Namespace) -> int:
     try:
         check_builder(args.builder, load_fleet(args.fleet), fleet_path(args.fleet).resolve())
-        invocation = build_all(
-            load_graph(bake_file_path(args.bake_file)),
-            builder=args.builder,
-            group=args.group,
-            arch=args.arch,
-            base_env=os.environ,
-            docker=args.docker,
-        )
-        sys.stderr.write(f"rocm-assets build-all: {invocation.command()}\n")
-        sys.stderr.flush()
-        return run(invocation)
+        graph = load_graph(bake_file_path(args.bake_file))
+        # One bake per arch (bake builds one GPU_ARCH per invocation), all checked up front.
+        invocations = [
+            build_all(
+                graph,
+                builder=args.builder,
+                group=args.group,
+                arch=arch,
+                base_env=os.environ,
+                docker=args.docker,
+            )
+            for arch in args.arch or [None]
+        ]
+        for invocation in invocations:
+            sys.stderr.write(f"rocm-assets build-all: {invocation.command()}\n")
+            sys.stderr.flush()
+            status = run(invocation)
+            if status != 0:
+                return status
+        return 0
     except (BuildAllError, SelectionError) as exc:
         sys.stderr.write(f"rocm-assets: error: {exc}\n")
         return EXIT_ERROR
@@ -142,7 +151,12 @@ def add_parser(subparsers: Any) -> None:
     )
     p.add_argument("--builder", required=True, help="one node's buildx builder (fleet.yaml)")
     p.add_argument("--group", default=DEFAULT_GROUP, help=f"bake group (default: {DEFAULT_GROUP})")
-    p.add_argument("--arch", help="GPU arch (default: $GPU_ARCH, else the bake file's default)")
+    add_list(
+        p,
+        "--arch",
+        metavar="A",
+        help="GPU arches, one bake each, in order (default: $GPU_ARCH, else the file's default)",
+    )
     p.add_argument("--bake-file", help="bake file (default: $ROCM_BAKE_FILE, else ./rocm-bake.hcl)")
     p.add_argument("--fleet", help="fleet file (default: $ROCM_FLEET_FILE, else ./fleet.yaml)")
     p.add_argument("--docker", default="docker", help="the docker CLI to run")
