@@ -11,19 +11,13 @@ from pathlib import Path
 import dagster as dg
 import pytest
 from dagster._core.errors import DagsterInvalidConfigError
-from dagster._core.events import DagsterEvent, DagsterEventType
-from dagster._core.remote_origin import (
-    RegisteredCodeLocationOrigin,
-    RemoteJobOrigin,
-    RemoteRepositoryOrigin,
-)
 from dagster._core.run_coordinator import SubmitRunContext
 from dagster._core.test_utils import (
     create_run_for_test,
     create_test_daemon_workspace_context,
     instance_for_test,
 )
-from dagster._core.workspace.load_target import EmptyWorkspaceTarget, ModuleTarget
+from dagster._core.workspace.load_target import ModuleTarget
 from dagster._daemon.run_coordinator.queued_run_coordinator_daemon import QueuedRunCoordinatorDaemon
 
 from rocm_assets.core.bake import load_graph
@@ -41,25 +35,19 @@ from rocm_assets.core.constants import (
     ROCM_PLACEMENT_TAG,
     ROCM_WAITING_FOR_TAG,
 )
+from rocm_assets.instance import claims
 from rocm_assets_tests.helpers import PROJECT_ROOT
-
-BAKE = PROJECT_ROOT / "rocm-bake.hcl"
-FLEET = """
-nodes:
-  - {name: big, builder: big, cores: 32, mem_gb: 122, link_mbps: 1000}
-  - {name: small, builder: small, cores: 16, mem_gb: 15, link_mbps: 40}
-  - {name: mid, builder: mid, cores: 24, mem_gb: 64, link_mbps: 500}
-target_costs:
-  reference: {cores: 32, mem_gb: 122}
-  pytorch: {seconds: 7200, size_gb: 6.0}
-  rocm-runtime: {seconds: 600, size_gb: 10.0}
-  pytorch-base: {seconds: 900, size_gb: 2.0}
-"""
-ORIGIN = RemoteJobOrigin(
-    RemoteRepositoryOrigin(RegisteredCodeLocationOrigin("rocm_assets"), "__repository__"),
-    "__ASSET_JOB",
+from rocm_assets_tests.helpers.instance import (
+    BAKE,
+    FLEET,
+    HOLDING,
+    ORIGIN,
+    coordinator_config,
+    end,
+    iterate,
+    runs_in,
+    submit,
 )
-HOLDING = (dg.DagsterRunStatus.STARTING, dg.DagsterRunStatus.STARTED)
 
 
 @pytest.fixture
@@ -69,59 +57,10 @@ def fleet_file(tmp_path: Path) -> Path:
     return path
 
 
-def coordinator_config(fleet_file: Path, **extra: object) -> dict:
-    return {
-        "run_coordinator": {
-            "module": "rocm_assets.instance.coordinator",
-            "class": "PlacementRunCoordinator",
-            "config": {
-                "bake_file": str(BAKE),
-                "fleet_file": str(fleet_file),
-                "probe_nodes": False,
-                **extra,
-            },
-        },
-        "run_launcher": {"module": "dagster._core.test_utils", "class": "MockedRunLauncher"},
-    }
-
-
 @pytest.fixture
 def instance(fleet_file: Path) -> Iterator[dg.DagsterInstance]:
     with instance_for_test(overrides=coordinator_config(fleet_file)) as instance:
         yield instance
-
-
-def submit(
-    instance: dg.DagsterInstance, target: str, arch: str | None, **kwargs: object
-) -> dg.DagsterRun:
-    tags = {"dagster/partition": arch} if arch else {}
-    tags.update(kwargs.pop("tags", {}))  # type: ignore[arg-type]
-    run = create_run_for_test(
-        instance,
-        job_name="__ASSET_JOB",
-        status=dg.DagsterRunStatus.NOT_STARTED,
-        remote_job_origin=ORIGIN,
-        asset_selection=frozenset({dg.AssetKey(target)}),
-        tags=tags,
-        **kwargs,
-    )
-    return instance.run_coordinator.submit_run(SubmitRunContext(run, workspace=None))
-
-
-def iterate(instance: dg.DagsterInstance) -> None:
-    with create_test_daemon_workspace_context(EmptyWorkspaceTarget(), instance) as context:
-        list(QueuedRunCoordinatorDaemon(interval_seconds=1).run_iteration(context))
-
-
-def finish(instance: dg.DagsterInstance, run: dg.DagsterRun) -> None:
-    instance.report_dagster_event(
-        DagsterEvent(DagsterEventType.RUN_SUCCESS.value, job_name=run.job_name, message="done"),
-        run_id=run.run_id,
-    )
-
-
-def runs_in(instance: dg.DagsterInstance, *statuses: dg.DagsterRunStatus) -> list[dg.DagsterRun]:
-    return list(instance.get_runs(dg.RunsFilter(statuses=list(statuses))))
 
 
 # ##### CONFIG
@@ -220,7 +159,7 @@ def test_many_runs_one_build_per_node_and_dependency_gating(instance: dg.Dagster
             assert deps <= done, f"{build} started before {deps - done}"
             assert run.tags[ROCM_EST_FINISH_TAG] and int(run.tags[ROCM_MAX_JOBS_TAG]) >= 1
         for run in holding:
-            finish(instance, run)
+            end(instance, run)
             done.add(run.tags[ROCM_BUILD_TAG])
         if not runs_in(instance, dg.DagsterRunStatus.QUEUED):
             break
@@ -243,18 +182,21 @@ def test_waiting_runs_say_what_they_wait_for(instance: dg.DagsterInstance) -> No
     assert waiting.tags[ROCM_WAITING_FOR_TAG] == "waits for rocm-runtime@gfx942"
 
 
-def test_in_process_runs_hold_their_node(instance: dg.DagsterInstance) -> None:
-    # `dagster asset materialize` tags itself and runs without the queue: its node is busy.
-    for node in ("big", "mid"):
-        create_run_for_test(
+def test_in_process_runs_hold_their_builder(instance: dg.DagsterInstance) -> None:
+    # `dagster asset materialize` runs without the queue; the builder it holds is busy.
+    claims.ensure_builder_pools(instance, ["big", "mid", "small"])
+    for builder in ("big", "mid"):
+        held = create_run_for_test(
             instance,
             status=dg.DagsterRunStatus.STARTED,
             asset_selection=frozenset({dg.AssetKey("pytorch")}),
-            tags={ROCM_NODE_TAG: node, "dagster/partition": "gfx950"},
+            tags={"dagster/partition": "gfx950"},
         )
+        assert claims.claim_builder(instance, builder, held.run_id)
     run = submit(instance, "pytorch-src", None)
     iterate(instance)
     assert instance.get_run_by_id(run.run_id).tags[ROCM_NODE_TAG] == "small"
+    assert claims.holder(instance, "small") == run.run_id
 
 
 def test_a_bad_fleet_file_never_crashes_the_daemon(
@@ -395,7 +337,7 @@ def test_finished_inputs_are_known_by_the_node_that_built_them(
             status=dg.DagsterRunStatus.STARTED,
             tags={ROCM_BUILD_TAG: "rocm-runtime@gfx942", ROCM_NODE_TAG: node},
         )
-        finish(instance, run)
+        end(instance, run)
     create_run_for_test(
         instance,
         status=dg.DagsterRunStatus.FAILURE,
@@ -403,9 +345,11 @@ def test_finished_inputs_are_known_by_the_node_that_built_them(
     )
     import time
 
-    built = instance.run_coordinator._built_on(
+    built, failed = instance.run_coordinator.placer._finished(
         {Build("rocm-runtime", "gfx942"), Build("pytorch-src", None)},
         {"big", "mid", "small"},
         time.time(),
     )
     assert built == {Build("rocm-runtime", "gfx942"): "mid"}  # a failed build published nothing
+    assert list(failed) == [Build("pytorch-src", None)]
+    assert failed[Build("pytorch-src", None)][0].endswith("ended FAILURE")

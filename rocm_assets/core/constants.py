@@ -1,7 +1,11 @@
 """Names shared by the code location, the coordinator and the CLI: tag keys, env vars, defaults."""
 
-# Run tags. The coordinator writes them at submission; the build reads them back from the run.
+# Run tags under this prefix belong to the coordinator and the build: any supplied at submission
+# are blanked, and none is ever read to decide where a build runs (the builder claim is).
+ROCM_TAG_PREFIX = "rocm/"
 ROCM_NODE_TAG = "rocm/node"
+# The machine the build holds: the node's buildx builder (two fleet entries never share one).
+ROCM_BUILDER_TAG = "rocm/builder"
 ROCM_MAX_JOBS_TAG = "rocm/max_jobs"
 ROCM_EST_START_TAG = "rocm/est_start"
 ROCM_EST_FINISH_TAG = "rocm/est_finish"
@@ -14,6 +18,9 @@ PLACEMENT_PLACED = "placed"
 # a re-execution copies the tags and must check its inputs again.
 ROCM_PREFLIGHT_TAG = "rocm/preflight"
 ROCM_WAITING_FOR_TAG = "rocm/waiting_for"
+# Set by the coordinator on a waiting in-process run it gives up on (an input that stays
+# unpublished): the run's worker fails the step with this reason.
+ROCM_REFUSED_TAG = "rocm/refused"
 # A request covering several builds becomes one run per build; the request's run is the parent.
 ROCM_FANOUT_TAG = "rocm/fanout"
 FANOUT_PARENT = "parent"

@@ -29,7 +29,6 @@ from pydantic import Field
 
 from rocm_assets.core.bake import BakeGraph
 from rocm_assets.core.fleet import Fleet, FleetError, Node, load_fleet
-from rocm_assets.core.placement import max_jobs
 from rocm_assets.core.probes import CommandResult, NodeCommandError, run_on_node
 from rocm_assets.defs.assets import arch_partitions, job_name
 from rocm_assets.defs.resources.bake import BakeResource, md_block
@@ -203,9 +202,8 @@ def _gpu_test_check(graph: BakeGraph, test_target: str) -> dg.AssetChecksDefinit
         # Nothing else builds test targets: bake this one now on a GPU node's builder, from the
         # published image it tests, and run exactly the digest that bake pushed.
         partition = context.partition_key if per_arch else None
-        _, built = bake.bake(
-            context, graph, test_target, partition, reachable[0], max_jobs(reachable[0])
-        )
+        with bake.holding(context, reachable[0]) as jobs:
+            _, built = bake.bake(context, graph, test_target, partition, reachable[0], jobs)
         image = f"{image}@{built.digest}"
         container = f"rocm-test-{context.run.run_id[:8]}-{arch}"
         argv = docker_run_argv(gpu_test.docker, image, container)

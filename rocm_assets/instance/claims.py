@@ -45,6 +45,13 @@ class BuilderClaimError(Exception):
     """The instance cannot hold builder claims, or a builder has no pool."""
 
 
+def supported(instance: dg.DagsterInstance) -> bool:
+    """Whether the instance's storage can hold claims (an ephemeral in-memory one cannot, but
+    then no other process shares it either)."""
+    storage = instance.event_log_storage
+    return isinstance(storage, SqlEventLogStorage) and storage.supports_global_concurrency_limits
+
+
 def builder_pool(builder: str) -> str:
     return f"{BUILDER_POOL_PREFIX}{builder}"
 
@@ -53,10 +60,7 @@ def _storage(instance: dg.DagsterInstance) -> SqlEventLogStorage:
     storage = instance.event_log_storage
     # SQLite (sharded or consolidated) and PostgreSQL storages are SqlEventLogStorage; a storage
     # migrated before pools existed lacks the slots table.
-    if (
-        not isinstance(storage, SqlEventLogStorage)
-        or not storage.supports_global_concurrency_limits
-    ):
+    if not supported(instance) or not isinstance(storage, SqlEventLogStorage):
         raise BuilderClaimError(
             f"event log storage {type(storage).__name__} has no concurrency slots table "
             "(a SQL storage is needed; run `dagster instance migrate` on an old one)"
@@ -176,3 +180,32 @@ def release_finished(instance: dg.DagsterInstance) -> list[tuple[str, str]]:
         if _release(storage, run_id, builder_pool(builder)):
             freed.append((builder, run_id))
     return freed
+
+
+# A run that holds (or waits for) a builder renews its lease in the instance's key-value store
+# while its worker lives; the daemon frees the builder of a started run whose lease went stale.
+# Run monitoring cannot see an in-process run (`dagster asset materialize`) die.
+LEASE_KEY_PREFIX = "rocm/lease/"
+
+
+def renew_lease(instance: dg.DagsterInstance, run_id: str, now: float) -> None:
+    instance.run_storage.set_cursor_values({f"{LEASE_KEY_PREFIX}{run_id}": repr(now)})
+
+
+def leases(instance: dg.DagsterInstance, run_ids: Iterable[str]) -> dict[str, float]:
+    """The last renewal of each run's lease (epoch seconds); runs that never renewed are absent."""
+    keys = {f"{LEASE_KEY_PREFIX}{run_id}" for run_id in run_ids}
+    if not keys:
+        return {}
+    found: dict[str, float] = {}
+    for key, value in instance.run_storage.get_cursor_values(keys).items():
+        try:
+            found[key.removeprefix(LEASE_KEY_PREFIX)] = float(value)
+        except ValueError:
+            continue  # an unreadable lease is no lease
+    return found
+
+
+def builder_of(instance: dg.DagsterInstance, run_id: str) -> str | None:
+    """The builder `run_id` holds, or None."""
+    return next((b for b, holder_id in claims(instance).items() if holder_id == run_id), None)

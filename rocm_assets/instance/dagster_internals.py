@@ -11,11 +11,17 @@ Each is here because no public API does the job in Dagster 1.13:
   the storage's SQL connection: the only way to claim a builder atomically in the instance's own
   storage, since Dagster's public `claim_concurrency_slot` is not atomic across processes
   (`rocm_assets.instance.claims`).
+- `called_by_run_queue_daemon` tells the queued-run daemon's call of `get_run_queue_config` from
+  the same call made by a run worker or the webserver: Dagster gives the hook no caller, and only
+  the daemon may place runs. It looks for the daemon's `run_iteration` on the call stack.
 - `subset_run` creates a run of one asset of a job (the fan-out of a multi-build request):
   there is no public way to subset a remote job and create its run from inside a coordinator.
 """
 
+import inspect
 from collections.abc import Mapping
+from functools import cache
+from types import CodeType
 
 import dagster as dg
 from dagster._config import UserConfigSchema as UserConfigSchema
@@ -73,3 +79,24 @@ def subset_run(
         asset_check_selection=None,
         asset_graph=location.get_repository(repo_name).asset_graph,
     )
+
+
+@cache
+def _daemon_iteration_code() -> CodeType:
+    # Imported on first use: only the daemon's process ever finds it on its stack.
+    from dagster._daemon.run_coordinator.queued_run_coordinator_daemon import (
+        QueuedRunCoordinatorDaemon,
+    )
+
+    return QueuedRunCoordinatorDaemon.run_iteration.__code__
+
+
+def called_by_run_queue_daemon() -> bool:
+    """True when the queued-run daemon's iteration is on this thread's call stack."""
+    code = _daemon_iteration_code()
+    frame = inspect.currentframe()
+    while frame is not None:
+        if frame.f_code is code:
+            return True
+        frame = frame.f_back
+    return False

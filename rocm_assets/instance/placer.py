@@ -1,0 +1,456 @@
+"""The placement authority: the daemon's tick that decides which waiting build runs where.
+
+Only the queued-run daemon runs it (`PlacementRunCoordinator.get_run_queue_config` checks who is
+calling). Each tick reads the farm from the instance: builder claims (who holds which machine),
+runs in flight, where recent builds ended and how, measured durations; then it places what can
+start, each placement an atomic builder claim (`rocm_assets.instance.claims`) before any tag is
+written. In-process runs (`dagster asset materialize`) wait in the same line: their worker tags
+itself waiting and the tick places it like a queued run.
+
+Errors are contained: a run whose own data is wrong fails with a one-line reason, a bad bake or
+fleet file keeps every run queued with the reason in its `rocm/waiting_for` tag, and the daemon
+keeps ticking.
+"""
+
+import logging
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from statistics import median
+from typing import Any
+
+import dagster as dg
+
+from rocm_assets.core import placement
+from rocm_assets.core.bake import BakeError, BakeGraph, load_graph
+from rocm_assets.core.builds import Build, build_deps
+from rocm_assets.core.constants import (
+    PLACEMENT_PLACED,
+    PLACEMENT_WAITING,
+    ROCM_BUILD_TAG,
+    ROCM_BUILDER_TAG,
+    ROCM_EST_FINISH_TAG,
+    ROCM_EST_START_TAG,
+    ROCM_MAX_JOBS_TAG,
+    ROCM_NODE_TAG,
+    ROCM_PLACEMENT_TAG,
+    ROCM_REFUSED_TAG,
+    ROCM_WAITING_FOR_TAG,
+)
+from rocm_assets.core.fleet import Fleet, FleetError, fleet_path, load_fleet
+from rocm_assets.core.preflight import materialize_command
+from rocm_assets.core.probes import ProbeCache
+from rocm_assets.core.settings import bake_file_path
+from rocm_assets.core.timefmt import duration, from_iso, to_iso
+from rocm_assets.instance import claims
+from rocm_assets.instance.runs import IN_FLIGHT_STATUSES, builds_of_run
+
+logger = logging.getLogger("rocm_assets.instance")
+
+_MEASURED_TTL_S = 300.0
+# How far back a finished build still tells where it was built (locality) or that it failed.
+_FINISHED_WINDOW_S = 86400.0
+_FINISHED = [dg.DagsterRunStatus.SUCCESS, dg.DagsterRunStatus.FAILURE, dg.DagsterRunStatus.CANCELED]
+
+
+@dataclass(frozen=True)
+class PlacerSettings:
+    strategy: str = "default"
+    probe_nodes: bool = True
+    # A started run whose worker has not renewed its claim's lease for this long is dead.
+    lease_seconds: float = 300.0
+    # How long a build waits on an input whose last run failed or was cancelled before failing.
+    input_wait_seconds: float = 1800.0
+
+
+@dataclass
+class FarmFiles:
+    """The bake and fleet files, re-read when their mtime changes."""
+
+    bake_file: str | None
+    fleet_file: str | None
+    cache: dict[str, tuple[float, Any]] = field(default_factory=dict)
+
+    def _load(self, path: Path, loader: Any) -> Any:
+        mtime = path.stat().st_mtime if path.exists() else -1.0
+        cached = self.cache.get(str(path))
+        if cached is None or cached[0] != mtime:
+            cached = (mtime, loader(path))
+            self.cache[str(path)] = cached
+        return cached[1]
+
+    def graph(self) -> BakeGraph:
+        return self._load(bake_file_path(self.bake_file), load_graph)
+
+    def fleet(self) -> Fleet:
+        return self._load(fleet_path(self.fleet_file), load_fleet)
+
+
+@dataclass
+class _Waiting:
+    run: dg.DagsterRun
+    build: Build
+    in_process: bool
+
+
+@dataclass
+class _Farm:
+    """What one tick knows: waiting builds, what holds each machine, and finished inputs."""
+
+    waiting: dict[Build, _Waiting] = field(default_factory=dict)
+    running: dict[Build, tuple[str, float]] = field(default_factory=dict)
+    in_progress: int = 0
+
+
+class Placer:
+    """The daemon's placement tick, with what it caches between ticks (files, probes, durations)."""
+
+    def __init__(
+        self,
+        instance: dg.DagsterInstance,
+        settings: PlacerSettings,
+        *,
+        files: "FarmFiles",
+        probes: ProbeCache,
+    ) -> None:
+        self._instance = instance
+        self.settings = settings
+        self.files = files
+        self._probes = probes
+        self._measured: tuple[float, dict[tuple[str, str, int], float]] = (0.0, {})
+        self._last_error: str | None = None
+
+    # ---- the tick ----
+    def tick(
+        self, now: float | None = None, max_concurrent_runs: int = -1
+    ) -> placement.Decision | None:
+        """Place every waiting build that can start now; tag the rest with what they wait for.
+
+        Queued runs are placed only as far as the daemon will start them (`max_concurrent_runs`,
+        -1 for no limit): a placed run holds its machine until it ends.
+        """
+        now = time.time() if now is None else now
+        try:
+            graph, fleet = self.files.graph(), self.files.fleet()
+        except (BakeError, FleetError, OSError) as exc:
+            self._hold_everything(f"cannot read the farm's files, nothing is placed: {exc}")
+            return None
+        if self.settings.probe_nodes:
+            self._probes.watch(fleet)
+        claims.ensure_builder_pools(self._instance, {n.builder for n in fleet.nodes})
+        for builder, run_id in claims.release_finished(self._instance):
+            logger.info("freed builder %s: run %s has ended", builder, run_id)
+        farm = self._read_farm(graph, fleet, now)
+        if not farm.waiting:
+            return None
+        probes = self._probes.fresh(now)
+        excluded = {n: p.reason for n, p in probes.items() if not p.ok}
+        cost = placement.CostModel(
+            fleet,
+            probes=[p for p in probes.values() if p.ok],
+            measured=self._measured_durations(graph, fleet),
+        )
+        deps = {b: build_deps(graph, b) for b in farm.waiting}
+        outside = (
+            {d for ds in deps.values() for d in ds} - farm.waiting.keys() - farm.running.keys()
+        )
+        built_on, failed = self._finished(outside, {n.name for n in fleet.nodes}, now)
+        held_back = self._hold_for_unpublished(farm, deps, failed, graph, now)
+        pending = [b for b in farm.waiting if b not in held_back]
+        nodes = [n for n in fleet.nodes if n.name not in excluded]
+        decision = placement.choose_placements(
+            pending,
+            farm.running,
+            nodes,
+            cost,
+            now,
+            {b: deps[b] for b in pending},
+            pushed=built_on,
+            strategy=self.settings.strategy,
+        )
+        room = -1 if max_concurrent_runs < 0 else max(0, max_concurrent_runs - farm.in_progress)
+        for start in decision.starts:
+            waiting = farm.waiting[start.build]
+            if not waiting.in_process:
+                if room == 0:
+                    self._tag_waiting(waiting.run, "every run slot is taken (max_concurrent_runs)")
+                    continue
+                room -= 1
+            self._contain(waiting.run, self._place, waiting.run, start, fleet, cost, excluded, now)
+        for build, why in decision.waiting.items():
+            extra = {ROCM_EST_START_TAG: to_iso(why.est_start_s)} if why.est_start_s else {}
+            self._tag_waiting(farm.waiting[build].run, why.reason, extra)
+        return decision
+
+    def _read_farm(self, graph: BakeGraph, fleet: Fleet, now: float) -> _Farm:
+        """Runs in flight, sorted into waiting builds and builds holding a machine."""
+        farm = _Farm()
+        held = claims.claims(self._instance)
+        holder_of = {run_id: builder for builder, run_id in held.items()}
+        by_builder = {n.builder: n for n in fleet.nodes}
+        records = self._instance.get_run_records(dg.RunsFilter(statuses=list(IN_FLIGHT_STATUSES)))
+        started = [
+            r.dagster_run.run_id
+            for r in records
+            if r.dagster_run.status == dg.DagsterRunStatus.STARTED
+        ]
+        lease = claims.leases(self._instance, started)
+        seen: dict[Build, str] = {}
+        fleet_cost = placement.CostModel(fleet)
+        for record in records:
+            run = record.dagster_run
+            if run.status != dg.DagsterRunStatus.QUEUED:
+                farm.in_progress += 1
+            builder = holder_of.get(run.run_id)
+            alive = self._alive(record, lease.get(run.run_id), now)
+            if builder is not None and not alive:
+                self._expire(run, builder)
+                continue
+            build = self._contain(run, self._build_of, run, graph)
+            if builder is not None:
+                node = by_builder.get(builder)
+                name = node.name if node is not None else f"builder:{builder}"
+                end = from_iso(run.tags.get(ROCM_EST_FINISH_TAG))
+                if end is None:
+                    # Placed by nobody's estimate (an in-process run): the model's figures.
+                    work = [build] if build else builds_of_run(self._instance, run, graph)
+                    seconds = sum(
+                        fleet_cost.build_s(b.target, node) + fleet_cost.push_s(b.target, node)
+                        for b in (work if node is not None else [])
+                    )
+                    end = (record.start_time or now) + seconds
+                farm.running[build or Build(f"run:{run.run_id}")] = (name, end)
+                if build is not None:
+                    seen[build] = run.run_id
+                continue
+            if build is None or run.tags.get(ROCM_PLACEMENT_TAG) != PLACEMENT_WAITING:
+                continue
+            in_process = run.status == dg.DagsterRunStatus.STARTED
+            if run.status != dg.DagsterRunStatus.QUEUED and not (in_process and alive):
+                continue
+            if build in seen or build in farm.waiting:
+                other = seen.get(build) or farm.waiting[build].run.run_id
+                self._tag_waiting(run, f"the same build is in run {other[:8]}; this one waits")
+                continue
+            farm.waiting[build] = _Waiting(run, build, in_process)
+        # A build both running and waiting: the waiting request runs after it.
+        for build in [b for b in farm.waiting if b in farm.running]:
+            run = farm.waiting.pop(build).run
+            self._tag_waiting(run, f"{build} is building on {farm.running[build][0]}")
+        return farm
+
+    def _alive(self, record: dg.RunRecord, lease: float | None, now: float) -> bool:
+        """A started run is alive while its worker renews its lease (or it just started)."""
+        if record.dagster_run.status != dg.DagsterRunStatus.STARTED:
+            return True  # queued runs wait; run monitoring watches starting ones
+        last = max(lease or 0.0, record.start_time or record.create_timestamp.timestamp())
+        return now - last <= self.settings.lease_seconds
+
+    def _expire(self, run: dg.DagsterRun, builder: str) -> None:
+        claims.release_run(self._instance, run.run_id)
+        message = (
+            f"its run worker stopped renewing the claim on builder {builder} for over "
+            f"{duration(self.settings.lease_seconds)}: the builder is freed and the run failed"
+        )
+        logger.warning("run %s: %s", run.run_id, message)
+        self._instance.report_run_failed(run, message)
+
+    def _build_of(self, run: dg.DagsterRun, graph: BakeGraph) -> Build | None:
+        text = run.tags.get(ROCM_BUILD_TAG)
+        if not text:
+            return None
+        build = Build.parse(text)
+        if build.target not in graph.deps:
+            raise ValueError(f"{build} is not a build of {graph.path.name} any more")
+        return build
+
+    # ---- inputs that did not publish ----
+    def _finished(
+        self, builds: set[Build], nodes: set[str], now: float
+    ) -> tuple[dict[Build, str], dict[Build, tuple[str, float]]]:
+        """From the newest finished run of each build of the last day: where it was built (it
+        published), or how it ended when it did not (FAILURE or CANCELED, and when)."""
+        if not builds:
+            return {}, {}
+        records = self._instance.get_run_records(
+            dg.RunsFilter(
+                statuses=_FINISHED,
+                updated_after=datetime.fromtimestamp(now - _FINISHED_WINDOW_S, UTC),
+            ),
+            order_by="update_timestamp",
+            ascending=True,
+        )
+        wanted = {str(b): b for b in builds}
+        built_on: dict[Build, str] = {}
+        failed: dict[Build, tuple[str, float]] = {}
+        for record in records:  # oldest first: the newest run of each build wins
+            run = record.dagster_run
+            build = wanted.get(run.tags.get(ROCM_BUILD_TAG, ""))
+            if build is None:
+                continue
+            if run.status == dg.DagsterRunStatus.SUCCESS:
+                failed.pop(build, None)
+                if run.tags.get(ROCM_NODE_TAG) in nodes:
+                    built_on[build] = run.tags[ROCM_NODE_TAG]
+            else:
+                built_on.pop(build, None)
+                ended = record.end_time or record.update_timestamp.timestamp()
+                reason = f"its last run {run.run_id[:8]} ended {run.status.value}"
+                failed[build] = (reason, ended)
+        return built_on, failed
+
+    def _hold_for_unpublished(
+        self,
+        farm: _Farm,
+        deps: Mapping[Build, frozenset[Build]],
+        failed: Mapping[Build, tuple[str, float]],
+        graph: BakeGraph,
+        now: float,
+    ) -> set[Build]:
+        """Builds with an input whose last run failed: they wait, then fail after a bound."""
+        held: set[Build] = set()
+        for build, waiting in farm.waiting.items():
+            bad = sorted(d for d in deps[build] if d in failed)
+            if not bad:
+                continue
+            held.add(build)
+            dep = bad[0]
+            reason, ended = failed[dep]
+            command = materialize_command(
+                dep.target, dep.arch if dep.target in graph.per_arch else None
+            )
+            if now - ended < self.settings.input_wait_seconds:
+                self._tag_waiting(
+                    waiting.run, f"waits for {dep} to be rebuilt: {reason} ({command})"
+                )
+                continue
+            message = (
+                f"input {dep} is not published: {reason} and nothing rebuilt it within "
+                f"{duration(self.settings.input_wait_seconds)}; build it with: {command}"
+            )
+            self._contain(waiting.run, self._refuse, waiting, message)
+        return held
+
+    def _refuse(self, waiting: _Waiting, message: str) -> None:
+        if waiting.in_process:
+            # The worker is alive and waiting: it fails its own step with the reason.
+            self._instance.add_run_tags(waiting.run.run_id, {ROCM_REFUSED_TAG: message[:1000]})
+        else:
+            self._instance.report_run_failed(waiting.run, message)
+
+    # ---- applying the decision ----
+    def _place(
+        self,
+        run: dg.DagsterRun,
+        start: placement.Start,
+        fleet: Fleet,
+        cost: placement.CostModel,
+        excluded: Mapping[str, str | None],
+        now: float,
+    ) -> None:
+        node = fleet.node(start.node)
+        if not claims.claim_builder(self._instance, node.builder, run.run_id):
+            # Someone took the machine since the tick read the claims: try again next tick.
+            self._tag_waiting(run, f"builder {node.builder} was just claimed by another run")
+            return
+        claims.renew_lease(self._instance, run.run_id, now)
+        jobs = cost.max_jobs(node)
+        self._instance.add_run_tags(
+            run.run_id,
+            {
+                ROCM_NODE_TAG: node.name,
+                ROCM_BUILDER_TAG: node.builder,
+                ROCM_PLACEMENT_TAG: PLACEMENT_PLACED,
+                ROCM_MAX_JOBS_TAG: str(jobs),
+                ROCM_EST_START_TAG: to_iso(start.est_start_s),
+                ROCM_EST_FINISH_TAG: to_iso(start.est_finish_s),
+                ROCM_WAITING_FOR_TAG: "",
+            },
+        )
+        skipped = (
+            f"; excluded: {', '.join(f'{n} ({r})' for n, r in excluded.items())}"
+            if excluded
+            else ""
+        )
+        self.event(
+            run,
+            f"placed {start.build} on {node.name} (builder {node.builder} claimed, MAX_JOBS "
+            f"~{jobs}), estimated finish {to_iso(start.est_finish_s)}, strategy "
+            f"{self.settings.strategy}{skipped}",
+        )
+
+    def _tag_waiting(
+        self, run: dg.DagsterRun, reason: str, extra: Mapping[str, str] | None = None
+    ) -> None:
+        wanted = {ROCM_WAITING_FOR_TAG: reason[:255], **(extra or {})}
+        # Only write what changed: the daemon ticks every few seconds.
+        if any(run.tags.get(k) != v for k, v in wanted.items()):
+            self._instance.add_run_tags(run.run_id, wanted)
+
+    def _hold_everything(self, reason: str) -> None:
+        if reason != self._last_error:
+            logger.error("placement: %s", reason)
+        self._last_error = reason
+        records = self._instance.get_run_records(
+            dg.RunsFilter(
+                statuses=[dg.DagsterRunStatus.QUEUED], tags={ROCM_PLACEMENT_TAG: PLACEMENT_WAITING}
+            )
+        )
+        for record in records:
+            self._tag_waiting(record.dagster_run, reason)
+
+    def _contain(self, run: dg.DagsterRun, fn: Any, *args: Any) -> Any:
+        """Run `fn`; an exception fails `run` with a one-line reason instead of the daemon."""
+        try:
+            return fn(*args)
+        except Exception as exc:
+            message = f"rocm-assets could not place this run: {type(exc).__name__}: {exc}"
+            message = " ".join(message.split())[:500]
+            logger.exception("run %s: %s", run.run_id, message)
+            if run.status == dg.DagsterRunStatus.STARTED:
+                self._instance.add_run_tags(run.run_id, {ROCM_REFUSED_TAG: message})
+            else:
+                self._instance.report_run_failed(run, message)
+            return None
+
+    def event(self, run: dg.DagsterRun, message: str) -> None:
+        self._instance.report_engine_event(message, run)
+
+    # ---- measured durations ----
+    def _measured_durations(
+        self, graph: BakeGraph, fleet: Fleet
+    ) -> dict[tuple[str, str, int], float]:
+        """Median build seconds by (target, node, MAX_JOBS), from recent materializations.
+
+        A cache hit (nothing new pushed: metadata `cache_hit`) says nothing about build time.
+        """
+        stamp, cached = self._measured
+        if time.time() - stamp < _MEASURED_TTL_S:
+            return cached
+        cost = placement.CostModel(fleet)
+        names = {n.name for n in fleet.nodes}
+        samples: dict[tuple[str, str, int], list[float]] = {}
+        for target in graph.asset_targets:
+            result = self._instance.fetch_materializations(dg.AssetKey(target), limit=50)
+            for record in result.records:
+                meta = record.asset_materialization.metadata if record.asset_materialization else {}
+                node, jobs, seconds, hit = (
+                    getattr(meta.get(k), "value", None)
+                    for k in ("node", "max_jobs", "duration_s", "cache_hit")
+                )
+                if hit is True:
+                    continue
+                if (
+                    isinstance(node, str)
+                    and isinstance(jobs, int)
+                    and isinstance(seconds, float | int)
+                ):
+                    # A bake's wall time includes its push; the model adds the push itself.
+                    pushed = fleet.node(node) if node in names else None
+                    own = float(seconds) - (cost.push_s(target, pushed) if pushed else 0.0)
+                    samples.setdefault((target, node, jobs), []).append(max(own, 1.0))
+        measured = {key: median(values) for key, values in samples.items()}
+        self._measured = (time.time(), measured)
+        return measured
