@@ -181,6 +181,10 @@ def farm(
     if request.param == "postgres":
         storage = {"postgres": {"postgres_url": request.getfixturevalue("postgres_db")}}
     farm = _make_farm(tmp_path, registry_server, storage)
+    # Create the storage before anything else opens it: SQLite's first migration is not safe
+    # against processes initialising the same new files at once.
+    with _instance(farm):
+        pass
     daemon = _start(farm, "daemon", "dagster._daemon", "run", "-w", str(farm.workspace))
     try:
         with _instance(farm) as instance:
