@@ -4,7 +4,7 @@ SHELL := /bin/bash
 BIN := $(if $(VIRTUAL_ENV),$(VIRTUAL_ENV)/bin,$(CURDIR)/.venv/bin)
 export DAGSTER_HOME ?= $(CURDIR)/.dagster_home
 
-.PHONY: setup dev test lint
+.PHONY: setup dev test lint demo
 
 setup:
 	bash .ci/setup
@@ -25,6 +25,13 @@ test: setup
 
 lint: setup
 	$(BIN)/python -m ruff check .
+
+# The example farm (examples/farm) on this machine, as root: a local registry, three BuildKit nodes
+# (dockerds on private sockets, each a buildx builder) and the UI on http://127.0.0.1:3000 running
+# a two-arch backfill. Ctrl-C stops and removes all of it. Needs `docker buildx`: without it, it
+# says in one line how to install it.
+demo: setup
+	$(BIN)/python examples/demo.py
 
 # ---- The seed's targets, as thin calls into Dagster and rocm-assets ----------------------------
 # push-all, push-wheels, push-pytorch, push-runtime and gpu-test launch a backfill through the

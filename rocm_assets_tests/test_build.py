@@ -11,6 +11,7 @@ import json
 import os
 import shlex
 import signal
+import subprocess
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -298,8 +299,17 @@ def test_docker_not_on_path(tmp_path: Path) -> None:
         run_bake(inv, on_output=collect()[1])
 
 
+BUILDX_MISSING = (
+    "the docker buildx plugin is missing (docker has no `buildx`): install the "
+    "docker-buildx-plugin package from Docker's apt repository "
+    "(https://docs.docker.com/engine/install/debian/), or the docker-buildx binary from "
+    "https://github.com/docker/buildx/releases as ~/.docker/cli-plugins/docker-buildx (chmod +x); "
+    "buildx >= 0.27 for history names"
+)
+
+
 def test_buildx_missing(tmp_path: Path) -> None:
-    # What Docker's CLI prints for a plugin it does not have.
+    # What older Docker CLIs print for a plugin they do not have.
     env = stand_in(
         tmp_path,
         "import sys\n"
@@ -310,15 +320,34 @@ def test_buildx_missing(tmp_path: Path) -> None:
     inv = invocation(tmp_path, env)
     with pytest.raises(BuildError) as raised:
         run_bake(inv, on_output=collect()[1])
-    assert str(raised.value) == (
-        "the docker buildx plugin is missing: install docker-buildx "
-        "(buildx >= 0.27 for history names)"
-    )
+    assert str(raised.value) == BUILDX_MISSING
     assert raised.value.log_tail == (
         "docker: 'buildx' is not a docker command.",
         "See 'docker --help'",
     )
     assert raised.value.history_ref is None
+
+
+def test_buildx_missing_from_debians_docker_client(tmp_path: Path) -> None:
+    # Real: Debian's docker.io client, which has no buildx plugin (no Debian package ships one),
+    # and so rejects bake's `-f` as an unknown shorthand flag.
+    real = Path("/usr/bin/docker")
+    assert subprocess.run([real, "buildx", "version"], capture_output=True, check=False).returncode
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "docker").symlink_to(real)
+    config = tmp_path / "docker-config"  # no user plugins either
+    config.mkdir()
+    env = {
+        **os.environ,
+        "PATH": f"{bin_dir}{os.pathsep}/usr/bin:/bin",
+        "DOCKER_CONFIG": str(config),
+    }
+    with pytest.raises(BuildError) as raised:
+        run_bake(invocation(tmp_path, env), on_output=collect()[1])
+    # The reason is docker's first line; the usage text after it fills the tail.
+    assert str(raised.value) == BUILDX_MISSING
+    assert "unknown shorthand flag: 'f' in -f" not in raised.value.log_tail
 
 
 def test_unknown_builder(docker_shim_record: RecordingShim, tmp_path: Path) -> None:

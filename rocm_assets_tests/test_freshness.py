@@ -145,6 +145,13 @@ def _tick(
     return result
 
 
+def _reason(result: dg.SensorResult | dg.SkipReason) -> str:
+    """The one line the UI shows for the tick: the sensor starts no runs, so every tick has one."""
+    skip = result if isinstance(result, dg.SkipReason) else result.skip_reason
+    assert skip is not None and skip.skip_message and "\n" not in skip.skip_message
+    return skip.skip_message
+
+
 # ##### POLICIES
 
 
@@ -274,16 +281,26 @@ def test_alert_sensor_posts_each_transition_once(
     now = datetime.now(UTC)
     cursor = None
     posted_per_step = []
+    reasons = []
     for age in (timedelta(hours=1), timedelta(days=4), timedelta(days=5), timedelta(days=8)):
         _evaluate(workspace, now + age)
         before = len(received)
         result = _tick(instance, cursor, dagster_log)
+        reasons.append(_reason(result))
         cursor = result.cursor if isinstance(result, dg.SensorResult) else cursor
         # A second tick with nothing new posts nothing.
-        assert isinstance(_tick(instance, cursor), dg.SkipReason)
+        again = _tick(instance, cursor)
+        assert isinstance(again, dg.SkipReason)
+        assert _reason(again) == "no freshness state changes"
         posted_per_step.append([(p["asset"], p["state"]) for p in received[before:]])
     # UNKNOWN->PASS for the wheel and UNKNOWN for the rest: no alert; then WARN, no change, FAIL.
     assert posted_per_step == [[], [("vllm-wheel", "WARN")], [], [("vllm-wheel", "FAIL")]]
+    assert reasons == [
+        "15 change(s), none to WARN or FAIL",  # every asset to UNKNOWN or PASS
+        "1 freshness alert(s) logged and posted to the webhook: vllm-wheel WARN",
+        "no freshness state changes",
+        "1 freshness alert(s) logged and posted to the webhook: vllm-wheel FAIL",
+    ]
     fail = received[-1]
     assert set(fail) == {"asset", "state", "since", "window"}
     assert fail["window"] == {"warn_s": 3 * 86400.0, "fail_s": 7 * 86400.0}
@@ -350,6 +367,9 @@ def test_alert_sensor_only_logs_without_a_webhook(instance, workspace, dagster_l
     _evaluate(workspace, datetime.now(UTC) + timedelta(days=4))
     result = _tick(instance, None, dagster_log)
     assert isinstance(result, dg.SensorResult)
+    assert _reason(result) == (
+        "1 freshness alert(s) logged (ROCM_ALERT_WEBHOOK unset): vllm-wheel WARN"
+    )
     lines = [m for m in dagster_log.messages if m.startswith("freshness: ")]
     assert len(lines) == 1
     assert lines[0].startswith("freshness: vllm-wheel is WARN since ")

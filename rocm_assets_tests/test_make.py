@@ -93,6 +93,11 @@ def test_readme_targets_are_intact() -> None:
     assert f"{BIN}/python -m pytest" in test
 
 
+def test_demo_is_one_command_after_set_up() -> None:
+    demo = make("demo", dry_run=True).stdout.splitlines()
+    assert demo == ["bash .ci/setup", f"{BIN}/python examples/demo.py"]
+
+
 @pytest.fixture
 def shim_env(docker_shim_record: RecordingShim) -> dict[str, str]:
     env = clean_env(docker_shim_record.env)

@@ -270,3 +270,61 @@ def test_the_code_location_registers_sensor_and_checks(monkeypatch: pytest.Monke
     assets = asset_graph.get_all_asset_keys()
     registry_checks = {k for k in asset_graph.asset_check_keys if k.name == REGISTRY_DIGEST_CHECK}
     assert registry_checks == {dg.AssetCheckKey(key, REGISTRY_DIGEST_CHECK) for key in assets}
+
+
+# ##### The reason every tick shows in the UI (the sensor starts no runs: each tick is "skipped")
+
+
+def reason(result: dg.SensorResult | dg.SkipReason) -> str:
+    skip = result if isinstance(result, dg.SkipReason) else result.skip_reason
+    assert skip is not None and skip.skip_message and "\n" not in skip.skip_message
+    return skip.skip_message
+
+
+def test_an_unset_registry_url_is_the_reason() -> None:
+    with dg.instance_for_test() as instance:
+        sensor = build_registry_observation_sensor(load_graph(SHIPPED, {}))
+        with dg.build_sensor_context(
+            instance=instance, resources={"registry": RegistryResource()}
+        ) as context:
+            result = sensor(context)
+    assert isinstance(result, dg.SkipReason)
+    assert reason(result) == (
+        "registry not read, nothing changed: ROCM_REGISTRY_URL is not set: point it at the "
+        "registry bake pushes to (the REGISTRY host), e.g. https://zot.example:5000"
+    )
+
+
+def test_a_tick_that_observes_says_what_it_observed(zot_fake: FakeZot) -> None:
+    graph = graph_for(zot_fake.host, "rocm-pytorch")
+    repos = len(graph.asset_targets)  # one repository per asset target, one request each
+    zot_fake.put("rocm-pytorch/pytorch", f"{TORCH_TAG}-gfx942")
+    zot_fake.put("rocm-pytorch/triton-wheel", "3.7.0-rocm10.1.0")
+    with dg.instance_for_test() as instance:
+        ticker = Ticker(graph, instance, zot_fake.url)
+        events, result = ticker.tick()
+        assert len(events) == 2
+        assert reason(result) == (
+            f"observed 2 new or moved tags and 0 gone, 0 digest check results, from "
+            f"{zot_fake.url} in {repos} requests; no runs to start"
+        )
+        assert reason(ticker.tick()[1]) == (
+            f"no change in {zot_fake.url}: 2 tags present, {repos} requests"
+        )
+        del zot_fake.repos["rocm-pytorch/pytorch"][f"{TORCH_TAG}-gfx942"]
+        assert reason(ticker.tick()[1]) == (
+            f"observed 0 new or moved tags and 1 gone, 0 digest check results, from "
+            f"{zot_fake.url} in {repos} requests; no runs to start"
+        )
+
+
+def test_a_bake_file_with_no_tags_says_there_is_nothing_to_observe(
+    tmp_path, zot_fake: FakeZot
+) -> None:
+    bake = tmp_path / "bake.hcl"
+    bake.write_text('GPU_ARCHES = ["gfx942"]\ntarget "untagged" {\n  dockerfile = "x"\n}\n')
+    with dg.instance_for_test() as instance:
+        _, result = Ticker(load_graph(bake, {}), instance, zot_fake.url).tick()
+    assert isinstance(result, dg.SkipReason)
+    assert reason(result) == "no asset target has a tag in the bake file: nothing to observe"
+    assert zot_fake.log == []

@@ -1,6 +1,7 @@
 """rocm-assets watch on a real Dagster instance (SQLite) with build runs in progress.
 
-Real parts: `instance_for_test` storage; runs carry the coordinator's tags and are started through
+Real parts: `instance_for_test` storage; SSH probes against Debian's OpenSSH sshd (the
+`sshd_server` fixture) and a closed loopback port; runs carry the coordinator's tags and are started through
 the instance's event API (a RUN_START event sets a run's start time, as a run worker's does); the
 `rocm-assets` CLI runs in a subprocess for `--once`, for Ctrl-C (SIGINT) and on a pseudo-terminal.
 Frames rendered in-process take `now` as an argument, so elapsed and remaining times are exact.
@@ -9,6 +10,7 @@ Frames rendered in-process take `now` as an argument, so elapsed and remaining t
 import os
 import pty
 import select
+import shutil
 import signal
 import subprocess
 import sys
@@ -27,7 +29,7 @@ from dagster._core.remote_origin import (
 )
 from dagster._core.test_utils import create_run_for_test, instance_for_test
 
-from rocm_assets.cli.watch import frame
+from rocm_assets.cli.watch import NOT_PROBED, frame
 from rocm_assets.core.build import build_name
 from rocm_assets.core.constants import (
     FANOUT_PARENT,
@@ -42,8 +44,10 @@ from rocm_assets.core.constants import (
     ROCM_WAITING_FOR_TAG,
 )
 from rocm_assets.core.fleet import load_fleet
+from rocm_assets.core.probes import probe_fleet
 from rocm_assets.core.timefmt import duration
-from rocm_assets_tests.helpers import PROJECT_ROOT
+from rocm_assets_tests.helpers import PROJECT_ROOT, free_port, write_fleet
+from rocm_assets_tests.servers.sshd import SshdServer
 
 FLEET = """
 nodes:
@@ -59,6 +63,12 @@ URL = "http://127.0.0.1:3000"
 REPOSITORY = RemoteRepositoryOrigin(RegisteredCodeLocationOrigin("rocm_assets"), "__repository__")
 # Long enough that no test frame is drawn twice before the test reads the first one.
 _READ_TIMEOUT_S = 60.0
+
+
+def cols(line: str) -> list[str]:
+    """A node line's columns, without the reachability label (every FLEET node is unprobed)."""
+    assert NOT_PROBED in line, line
+    return line.replace(NOT_PROBED, "", 1).split()
 
 
 def _iso(ts: float) -> str:
@@ -172,7 +182,7 @@ def test_a_frame_shows_each_node_and_the_queue(
     assert list(node_lines) == ["big", "small", "mid", "spare"]
 
     pytorch = farm["pytorch"].run_id
-    big = node_lines["big"].split()
+    big = cols(node_lines["big"])
     assert big[:5] == ["big", "pytorch", "gfx942", pytorch[:8], "30m00s"]
     assert "~1h30m left" in node_lines["big"]
     assert "[#####...............]  25%" in node_lines["big"]
@@ -180,8 +190,8 @@ def test_a_frame_shows_each_node_and_the_queue(
     assert node_lines["big"].endswith(f"rocm-pytorch-build/pytorch/gfx942/{pytorch}")
 
     triton = farm["triton"].run_id
-    assert node_lines["small"].split()[:4] == ["small", "triton-wheel", "noarch", triton[:8]]
-    assert node_lines["small"].split()[4:7] == [
+    assert cols(node_lines["small"])[:4] == ["small", "triton-wheel", "noarch", triton[:8]]
+    assert cols(node_lines["small"])[4:7] == [
         duration(now - triton_began),
         duration(now - triton_began - 600),
         "over",
@@ -190,14 +200,15 @@ def test_a_frame_shows_each_node_and_the_queue(
     assert node_lines["small"].endswith(f"rocm-pytorch-build/triton-wheel/noarch/{triton}")
 
     # Placed and not yet started by the daemon.
-    assert node_lines["mid"].split()[:5] == [
+    assert cols(node_lines["mid"])[:5] == [
         "mid",
         "vllm",
         "gfx1100",
         farm["vllm"].run_id[:8],
         "starting",
     ]
-    assert node_lines["spare"].split() == ["spare", "idle"]
+    # No ssh address: nobody probes it, and the line says its figures are the fleet file's.
+    assert node_lines["spare"] == f"  spare  {NOT_PROBED}  idle"
 
     queue = rest[4:]
     assert queue[0] == "queue (2 waiting):"
@@ -218,7 +229,7 @@ def test_two_builds_on_one_node_are_both_shown(
     start(instance, second, est_s=None)
     lines = frame(instance, load_fleet(fleet_file), began + 5, URL)
     on_big = [line for line in lines if line.split()[0] == "big"]
-    assert [line.split()[3] for line in on_big] == [first.run_id[:8], second.run_id[:8]]
+    assert [cols(line)[3] for line in on_big] == [first.run_id[:8], second.run_id[:8]]
     # No estimate: the time left and the bar say so rather than guess.
     assert all("[????????????????????]    ?" in line for line in on_big)
     assert "queue (0 waiting)" in lines
@@ -260,7 +271,8 @@ def test_once_prints_one_frame(
     assert "\x1b" not in out.stdout
     pytorch = farm["pytorch"].run_id
     assert any(
-        line.split()[:4] == ["big", "pytorch", "gfx942", pytorch[:8]]
+        line.startswith("  big")
+        and cols(line)[:4] == ["big", "pytorch", "gfx942", pytorch[:8]]
         and line.endswith(f"rocm-pytorch-build/pytorch/gfx942/{pytorch}")
         for line in lines
     )
@@ -362,3 +374,89 @@ def test_without_dagster_home_it_says_so(fleet_file: Path) -> None:
     assert out.returncode == 2
     assert out.stderr.count("\n") == 1
     assert "DAGSTER_HOME is not set" in out.stderr
+
+
+# ##### Reachability: real probes over the test sshd, a closed port, and a node with no ssh
+
+
+def _probed_fleet(tmp_path: Path, sshd: SshdServer, dead_port: int) -> Path:
+    return write_fleet(
+        tmp_path / "probed.yaml",
+        [
+            {"name": "big", "builder": "big-builder", "ssh": sshd.ssh_address("big")},
+            {"name": "dead", "ssh": f"root@127.0.0.1:{dead_port}"},
+            {"name": "cloud"},
+            {"name": "late", "ssh": "root@late.invalid"},
+        ],
+        cores=8,
+        mem_gb=16.0,
+        link_mbps=100.0,
+    )
+
+
+@pytest.mark.real
+def test_unreachable_and_unprobed_nodes_say_so(
+    instance: dg.DagsterInstance, sshd_server: SshdServer, tmp_path: Path
+) -> None:
+    dead_port = free_port()
+    fleet = load_fleet(_probed_fleet(tmp_path, sshd_server, dead_port))
+    reachable = [n for n in fleet.nodes if n.name in ("big", "dead", "cloud")]
+    probes = probe_fleet(
+        fleet.model_copy(update={"nodes": tuple(reachable)}),
+        connect_kwargs=sshd_server.connect_kwargs(),
+        known_hosts=sshd_server.known_hosts,
+    )
+    run = add_build(instance, "pytorch@gfx942", placed("dead"))
+    began = start(instance, run, est_s=None)
+    # `late` has no probe result yet: the frame does not wait for one.
+    lines = frame(instance, fleet, began + 60, URL, {p.node: p for p in probes})
+    header, *rest = lines
+    assert "nodes busy 1/4  unreachable 1  queued 0" in header
+    reason = f"ssh connection to root@127.0.0.1:{dead_port} refused"
+    width = len(NOT_PROBED)
+    assert rest[0] == f"  big    {'reachable':<{width}}  idle"
+    assert rest[1].startswith(
+        f"  dead   {'UNREACHABLE':<{width}}  pytorch  gfx942  {run.run_id[:8]}"
+    )
+    assert rest[2] == f"  {'':<5}  {'':<{width}}  ({reason})"
+    assert rest[3] == f"  cloud  {NOT_PROBED}  idle"
+    assert rest[4] == f"  late   {'probing':<{width}}  idle"
+
+
+@pytest.mark.real
+def test_once_probes_before_its_frame(
+    instance: dg.DagsterInstance, sshd_server: SshdServer, home: Path, tmp_path: Path
+) -> None:
+    dead_port = free_port()
+    fleet_file = write_fleet(
+        tmp_path / "fleet.yaml",
+        [
+            {"name": "big", "builder": "big-builder", "ssh": sshd_server.ssh_address("big")},
+            {"name": "dead", "ssh": f"root@127.0.0.1:{dead_port}"},
+            {"name": "cloud"},
+        ],
+        cores=8,
+        mem_gb=16.0,
+        link_mbps=100.0,
+    )
+    # paramiko takes the default key from ~/.ssh; the host keys come from ROCM_SSH_KNOWN_HOSTS.
+    user = tmp_path / "user"
+    (user / ".ssh").mkdir(parents=True)
+    shutil.copy(sshd_server.client_key, user / ".ssh" / "id_ed25519")
+    os.chmod(user / ".ssh" / "id_ed25519", 0o600)
+    env = {
+        **_cli_env(home, fleet_file),
+        "HOME": str(user),
+        "ROCM_SSH_KNOWN_HOSTS": str(sshd_server.known_hosts),
+    }
+    out = subprocess.run(
+        _watch_argv("--once"), env=env, capture_output=True, text=True, timeout=120, check=False
+    )
+    assert out.returncode == 0, out.stderr
+    width = len(NOT_PROBED)
+    assert out.stdout.splitlines()[1:4] == [
+        f"  big    {'reachable':<{width}}  idle",
+        f"  dead   {'UNREACHABLE':<{width}}  idle  (ssh connection to root@127.0.0.1:{dead_port} refused)",
+        f"  cloud  {NOT_PROBED}  idle",
+    ]
+    assert "unreachable 1" in out.stdout.splitlines()[0]

@@ -1,4 +1,5 @@
-"""`rocm-assets graph` and `rocm-assets check`: the resolved build graph, and its drift checks."""
+"""`rocm-assets graph` and `rocm-assets check`: the resolved build graph, its drift checks, and
+the bake file against its Dockerfiles."""
 
 import argparse
 import json
@@ -8,6 +9,7 @@ from typing import Any
 from rocm_assets.cli.common import EXIT_OK, EXIT_PROBLEMS, add_bake_file, graph_of, out
 from rocm_assets.core.bake import BakeGraph, check_drift
 from rocm_assets.core.builds import check_arches
+from rocm_assets.core.recipes import check_recipes, dockerfile_path
 
 
 def graph_json(graph: BakeGraph, arch: str) -> dict[str, Any]:
@@ -50,14 +52,17 @@ def cmd_graph(args: argparse.Namespace) -> int:
 
 def cmd_check(args: argparse.Namespace) -> int:
     graph = graph_of(args)
-    problems = check_drift(graph)
+    # The recipes' lines name the bake file and line themselves; the drift lines only the file.
+    problems = [f"{graph.path}: {p}" for p in check_drift(graph)] + check_recipes(graph)
     for problem in problems:
-        sys.stderr.write(f"{graph.path}: {problem}\n")
+        sys.stderr.write(f"{problem}\n")
     if problems:
         return EXIT_PROBLEMS
+    dockerfiles = {dockerfile_path(graph, graph.resolve(None).targets[t]) for t in graph.targets}
     out(
         f"{graph.path}: ok: {len(graph.targets)} targets, {graph.edge_count} edges, "
-        f"{len(graph.groups)} groups, PUB_* references match for {len(graph.arches)} arches"
+        f"{len(graph.groups)} groups, PUB_* references match for {len(graph.arches)} arches, "
+        f"{len(dockerfiles)} Dockerfiles take every arg and context in both input modes"
     )
     return EXIT_OK
 
@@ -69,6 +74,9 @@ def add_parsers(sub: Any) -> None:
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_graph)
 
-    p = sub.add_parser("check", help="drift checks: PUB_* references, groups, published mode")
+    p = sub.add_parser(
+        "check",
+        help="drift checks: PUB_* references, published mode, the Dockerfiles against their targets",
+    )
     add_bake_file(p)
     p.set_defaults(func=cmd_check)

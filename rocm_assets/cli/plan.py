@@ -145,15 +145,35 @@ def cmd_plan(args: argparse.Namespace) -> int:
 
 
 def cmd_best(args: argparse.Namespace) -> int:
+    """The strongest node by probe score; a node nobody probed wins only when it says so.
+
+    A node with no ssh address is never probed: its fleet figures (every core idle) stand in.
+    When some nodes have ssh but every one of them failed its probe, no node is picked: the only
+    candidates left would be ones nobody could look at (exit 2, naming the failed nodes).
+    """
     fleet = load_fleet(args.fleet)
     probes = probe_fleet(fleet)
     for p in probes:
         if not p.ok:
             warn(f"excluded {p.node}: {p.reason}")
+    probed = [p for p in probes if p.probed]
+    unprobed = [p.node for p in probes if not p.probed]
+    if probed and not any(p.ok for p in probed):
+        one = len(unprobed) == 1
+        blind = (
+            f"; {', '.join(unprobed)} {'has' if one else 'have'} no ssh address, so nobody could "
+            f"probe {'it' if one else 'them'}, and fleet figures are no live state to pick on"
+            if unprobed
+            else ""
+        )
+        raise CliError(
+            f"no node of {fleet_path(args.fleet)} is reachable: "
+            f"{', '.join(p.node for p in probed)} failed their probes (reasons above){blind}"
+        )
     best = best_node(probes)
-    if best is None:
-        raise CliError(f"no node of {fleet_path(args.fleet)} is reachable (reasons above)")
-    source = "probed" if best.probed else "fleet figures, no ssh"
+    # Unprobed nodes are always usable, and some probed node answered if any was probed.
+    assert best is not None
+    best_probed = best_node(probed) if not best.probed else None
     if args.json:
         data = {
             "node": best.node,
@@ -163,6 +183,8 @@ def cmd_best(args: argparse.Namespace) -> int:
             "idle_cores": round(best.idle_cores, 2),
             "cores": best.cores,
             "probed": best.probed,
+            # The strongest node that answered, when a node nobody probed is ahead of it.
+            "best_probed": best_probed.node if best_probed else None,
             "nodes": [
                 {
                     "node": p.node,
@@ -176,6 +198,14 @@ def cmd_best(args: argparse.Namespace) -> int:
         }
         out(json.dumps(data, indent=2))
         return EXIT_OK
+    if best.probed:
+        source = "probed"
+    else:
+        source = "fleet figures, not probed: no ssh address, so its load now is unknown"
+        if best_probed:
+            source += (
+                f"; the strongest probed node is {best_probed.node}, score {best_probed.score:.1f}"
+            )
     out(
         f"{best.node}: score {best.score:.1f} ({best.mem_available_gb:.1f} GB free + "
         f"{best.idle_cores:.1f} idle cores of {best.cores}; {source})"

@@ -6,6 +6,15 @@ what it waits for. Builds are named by their BuildKit history name
 `rocm-pytorch-build/<target>/<arch>/<run id>`, the prefix that keeps the sibling project's builds
 on the same nodes apart. On a terminal the frame is redrawn in place; otherwise each frame is
 printed as plain lines. Ctrl-C ends it with status 0.
+
+Each node line also says whether the node can be reached: `reachable` (its SSH probe answered),
+`UNREACHABLE` with the probe's one-line reason, `probing` (no answer yet), or `not probed (fleet
+figures)` for a node with no ssh address, whose fleet figures are all anyone knows of it. The
+coordinator's probe results live in the daemon's memory and are not stored, so watch probes for
+itself: a background thread probes the fleet every 30 s as the coordinator does, and each frame
+reads the latest results (none older than 2 min), so a frame never waits on a node. `--once`
+probes once before its frame, bounded by the probe's timeout (about 6 s), since it has no later
+frame to show the answer in.
 """
 
 import argparse
@@ -13,7 +22,7 @@ import os
 import shutil
 import sys
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
@@ -34,11 +43,15 @@ from rocm_assets.core.constants import (
     ROCM_PLACEMENT_TAG,
     ROCM_WAITING_FOR_TAG,
 )
-from rocm_assets.core.fleet import Fleet, load_fleet
+from rocm_assets.core.fleet import Fleet, Node, load_fleet
+from rocm_assets.core.probes import NodeProbe, ProbeCache, probe_fleet
 from rocm_assets.core.timefmt import duration, from_iso
 from rocm_assets.instance.runs import IN_FLIGHT_STATUSES
 
 BAR_WIDTH = 20
+PROBE_INTERVAL_S = 30.0
+PROBE_MAX_AGE_S = 120.0
+NOT_PROBED = "not probed (fleet figures)"
 # Home, then clear to the end of the screen: the new frame overwrites the old without flicker.
 _REDRAW = "\x1b[H\x1b[J"
 
@@ -128,37 +141,60 @@ def build_runs(records: Iterable[dg.RunRecord]) -> list[BuildRun]:
     return sorted((b for b in found if b is not None), key=lambda b: (b.created_s, b.run_id))
 
 
+def node_state(node: Node | None, probe: NodeProbe | None) -> tuple[str, str | None]:
+    """What is known of a node's reachability: a label, and the reason when it is unreachable."""
+    if node is None:
+        return "not in the fleet file", None
+    if node.ssh is None:
+        return NOT_PROBED, None
+    if probe is None:
+        return "probing", None
+    return ("reachable", None) if probe.ok else ("UNREACHABLE", probe.reason)
+
+
 def render(
-    records: Sequence[dg.RunRecord], nodes: Sequence[str], now: float, url: str
+    records: Sequence[dg.RunRecord],
+    nodes: Sequence[Node],
+    now: float,
+    url: str,
+    probes: Mapping[str, NodeProbe] | None = None,
 ) -> list[str]:
-    """One frame: a header, a line per node, then the queue."""
+    """One frame: a header, a line per node (with its reachability), then the queue."""
     builds = build_runs(records)
     holding = [b for b in builds if b.node and not b.waiting]
     queued = [b for b in builds if b.waiting]
     others = len(records) - len(builds)
-    by_node: dict[str, list[BuildRun]] = {n: [] for n in nodes}
+    fleet = {n.name: n for n in nodes}
+    by_node: dict[str, list[BuildRun]] = {n.name: [] for n in nodes}
     for b in holding:
         by_node.setdefault(str(b.node), []).append(b)
+    states = {n: node_state(fleet.get(n), (probes or {}).get(n)) for n in by_node}
     busy = sum(1 for runs in by_node.values() if runs)
+    down = sum(1 for label, _ in states.values() if label == "UNREACHABLE")
     stamp = datetime.fromtimestamp(now, UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
     lines = [
-        f"rocm-assets watch  {stamp}  nodes busy {busy}/{len(by_node)}  queued {len(queued)}"
-        f"  other runs {others}  {url.rstrip('/')}/runs"
+        f"rocm-assets watch  {stamp}  nodes busy {busy}/{len(by_node)}"
+        + (f"  unreachable {down}" if down else "")
+        + f"  queued {len(queued)}  other runs {others}  {url.rstrip('/')}/runs"
     ]
     node_w = max((len(n) for n in by_node), default=4)
+    state_w = max((len(label) for label, _ in states.values()), default=0)
     target_w = max((len(b.target) for b in holding), default=6)
     arch_w = max((len(b.arch or "noarch") for b in holding), default=6)
     for node, runs in by_node.items():
+        label, reason = states[node]
+        lead = f"  {node:<{node_w}}  {label:<{state_w}}"
         if not runs:
-            lines.append(f"  {node:<{node_w}}  idle")
+            lines.append(f"{lead}  idle" + (f"  ({reason})" if reason else ""))
         for b in runs:
             # A second build on one node breaks the farm's rule: show it, never hide it.
             elapsed, left, shown_bar = b.progress(now)
-            extra = "" if node in nodes else "  (not in the fleet file)"
             lines.append(
-                f"  {node:<{node_w}}  {b.target:<{target_w}}  {b.arch or 'noarch':<{arch_w}}  "
-                f"{b.run_id[:8]}  {elapsed:>8}  {left:>13}  {shown_bar}  {b.history_name}{extra}"
+                f"{lead}  {b.target:<{target_w}}  {b.arch or 'noarch':<{arch_w}}  "
+                f"{b.run_id[:8]}  {elapsed:>8}  {left:>13}  {shown_bar}  {b.history_name}"
             )
+        if runs and reason:
+            lines.append(f"  {'':<{node_w}}  {'':<{state_w}}  ({reason})")
     lines.append(f"queue ({len(queued)} waiting)" + (":" if queued else ""))
     names = [f"{b.target}@{b.arch}" if b.arch else b.target for b in queued]
     reasons = [b.waiting_for or "waiting for placement" for b in queued]
@@ -172,9 +208,15 @@ def render(
     return lines
 
 
-def frame(instance: dg.DagsterInstance, fleet: Fleet, now: float, url: str) -> list[str]:
+def frame(
+    instance: dg.DagsterInstance,
+    fleet: Fleet,
+    now: float,
+    url: str,
+    probes: Mapping[str, NodeProbe] | None = None,
+) -> list[str]:
     records = instance.get_run_records(dg.RunsFilter(statuses=list(IN_FLIGHT_STATUSES)))
-    return render(records, [n.name for n in fleet.nodes], now, url)
+    return render(records, fleet.nodes, now, url, probes)
 
 
 def _fit(lines: Sequence[str], width: int) -> str:
@@ -186,19 +228,30 @@ def follow(
     instance: dg.DagsterInstance, fleet: Fleet, *, url: str, interval_s: float, once: bool
 ) -> None:
     tty = sys.stdout.isatty() and not once
-    while True:
-        lines = frame(instance, fleet, time.time(), url)
-        if tty:
-            width = shutil.get_terminal_size().columns
-            sys.stdout.write(_REDRAW + _fit(lines, width))
-        else:
-            sys.stdout.write("\n".join(lines) + "\n")
-            if not once:
-                sys.stdout.write("\n")
-        sys.stdout.flush()
-        if once:
-            return
-        time.sleep(interval_s)
+    probed = any(n.ssh for n in fleet.nodes)
+    cache = ProbeCache(PROBE_INTERVAL_S, PROBE_MAX_AGE_S)
+    if probed and not once:
+        cache.watch(fleet)
+    try:
+        while True:
+            if once:
+                probes = {p.node: p for p in probe_fleet(fleet)} if probed else {}
+            else:
+                probes = cache.fresh(time.time())
+            lines = frame(instance, fleet, time.time(), url, probes)
+            if tty:
+                width = shutil.get_terminal_size().columns
+                sys.stdout.write(_REDRAW + _fit(lines, width))
+            else:
+                sys.stdout.write("\n".join(lines) + "\n")
+                if not once:
+                    sys.stdout.write("\n")
+            sys.stdout.flush()
+            if once:
+                return
+            time.sleep(interval_s)
+    finally:
+        cache.stop()
 
 
 def cmd_watch(args: argparse.Namespace) -> int:

@@ -33,6 +33,20 @@ from rocm_assets.core.constants import (
 PASSTHROUGH_VARS = ("SCCACHE_LOG", "CACHE_TAG_SUFFIX", "REGISTRY")
 PASSTHROUGH_PREFIXES = ("SDE_",)
 _TERMINATE_GRACE_S = 10.0
+_HEAD_LINES = 3
+# How to get buildx where it is missing: no Debian package ships it.
+BUILDX_INSTALL_HINT = (
+    "install the docker-buildx-plugin package from Docker's apt repository "
+    "(https://docs.docker.com/engine/install/debian/), or the docker-buildx binary from "
+    "https://github.com/docker/buildx/releases as ~/.docker/cli-plugins/docker-buildx (chmod +x)"
+)
+# What a docker CLI without the buildx plugin prints for `docker buildx bake -f ...`: older ones
+# say the command is unknown; 20.10 and newer read `buildx` as a plugin that is not there and
+# then reject bake's first flag.
+_NO_BUILDX = (
+    "is not a docker command",
+    "unknown shorthand flag: 'f' in -f",
+)
 _HISTORY_TIMEOUT_S = 30.0
 
 
@@ -186,10 +200,14 @@ def find_history_ref(inv: BakeInvocation, *, timeout_s: float = _HISTORY_TIMEOUT
     return None
 
 
-def _diagnose(inv: BakeInvocation, rc: int, tail: tuple[str, ...]) -> str:
-    text = "\n".join(tail)
-    if "is not a docker command" in text or ("unknown command" in text and "buildx" in text):
-        return "the docker buildx plugin is missing: install docker-buildx (buildx >= 0.27 for history names)"
+def _diagnose(inv: BakeInvocation, rc: int, output: tuple[str, ...]) -> str:
+    """The reason a bake failed, from its first and last lines of output."""
+    text = "\n".join(output)
+    if any(sign in text for sign in _NO_BUILDX) or ("unknown command" in text and "buildx" in text):
+        return (
+            f"the docker buildx plugin is missing ({inv.argv[0]} has no `buildx`): "
+            f"{BUILDX_INSTALL_HINT}; buildx >= 0.27 for history names"
+        )
     if f'no builder "{inv.builder}" found' in text:
         return f"builder {inv.builder!r} is unknown to docker buildx: create it (docker buildx create --name {inv.builder} ...) or fix `builder:` in fleet.yaml"
     if rc < 0 or rc in (130, 143):
@@ -250,6 +268,8 @@ def run_bake(
         ) from None
     lines: queue.Queue[str | None] = queue.Queue()
     tail: deque[str] = deque(maxlen=tail_lines)
+    # A CLI usage error (a docker without buildx) prints its reason first, then 80 lines of usage.
+    head: list[str] = []
 
     def pump() -> None:
         assert proc.stdout is not None
@@ -273,6 +293,8 @@ def run_bake(
             elif line:
                 batch.append(line)
                 tail.append(line)
+                if len(head) < _HEAD_LINES:
+                    head.append(line)
             if batch and (done or time.monotonic() - last_flush >= flush_s or len(batch) >= 200):
                 on_output(batch)
                 batch, last_flush = [], time.monotonic()
@@ -283,7 +305,7 @@ def run_bake(
     finished = time.time()
     if rc != 0:
         ref = find_history_ref(inv)
-        reason = _diagnose(inv, rc, tuple(tail))
+        reason = _diagnose(inv, rc, (*head, *tail))
         where = (
             f"; history ref {ref} (docker buildx history logs {ref.rsplit('/', 1)[-1]})"
             if ref

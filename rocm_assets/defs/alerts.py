@@ -135,7 +135,11 @@ def _post_all(
     ),
 )
 def freshness_alert_sensor(context: dg.SensorEvaluationContext) -> dg.SensorResult | dg.SkipReason:
-    after = json.loads(context.cursor)["after"] if context.cursor else None
+    try:
+        after = json.loads(context.cursor)["after"] if context.cursor else None
+    except (ValueError, TypeError, KeyError):
+        context.log.warning("unreadable cursor %r: reading freshness afresh", context.cursor)
+        after = None
     records, cursor = _changes(context.instance, after)
     if cursor == after:
         return dg.SkipReason("no freshness state changes")
@@ -145,7 +149,11 @@ def freshness_alert_sensor(context: dg.SensorEvaluationContext) -> dg.SensorResu
     url = os.environ.get(ALERT_WEBHOOK_ENV)
     if alerts and url:
         _post_all(context, url, alerts)
-    return dg.SensorResult(
-        cursor=json.dumps({"after": cursor}),
-        skip_reason=None if alerts else f"{len(records)} change(s), none to WARN or FAIL",
-    )
+    # The sensor starts no runs, so the UI lists every tick as skipped, with this reason.
+    if alerts:
+        where = "logged and posted to the webhook" if url else f"logged ({ALERT_WEBHOOK_ENV} unset)"
+        states = ", ".join(f"{a.asset} {a.state}" for a in alerts)
+        reason = f"{len(alerts)} freshness alert(s) {where}: {states}"
+    else:
+        reason = f"{len(records)} change(s), none to WARN or FAIL"
+    return dg.SensorResult(cursor=json.dumps({"after": cursor}), skip_reason=reason)

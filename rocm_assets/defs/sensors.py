@@ -12,7 +12,10 @@ changed since the cursor:
   digests and its last materializations start or stop disagreeing (a push outside Dagster).
 
 A registry that is down or refuses the tick gives a SkipReason and leaves the cursor unchanged,
-so nothing is reported absent for an error and the next good tick reports what it missed.
+so nothing is reported absent for an error and the next good tick reports what it missed. Every
+tick starts no runs, so the UI lists each as skipped with its one-line reason: ROCM_REGISTRY_URL
+unset, the registry unreachable or refusing (with the cause), REGISTRY naming another registry,
+no change, or what it observed.
 
 Cursor (JSON): {"seen": {"target@arch": digest}, "checks": {target: [[arch, registry, built]]}};
 noarch targets use the arch `noarch`.
@@ -91,6 +94,8 @@ def build_registry_observation_sensor(
                 requests, url = client.requests, client.url
         except RegistryError as exc:
             return dg.SkipReason(f"registry not read, nothing changed: {exc}")
+        if not found and not foreign:
+            return dg.SkipReason("no asset target has a tag in the bake file: nothing to observe")
         if not found:
             return dg.SkipReason(
                 f"no asset's tag is on the registry {url} (e.g. {foreign[0]}): REGISTRY must "
@@ -149,6 +154,21 @@ def build_registry_observation_sensor(
                 cursor=new_cursor,
             )
         context.log.info("%d registry events, %d requests to %s", len(events), requests, url)
-        return dg.SensorResult(asset_events=events, cursor=new_cursor)
+        # A tick that starts no run is shown as skipped: without a reason the UI would say
+        # "Sensor function returned an empty result" for a tick that reported events.
+        return dg.SensorResult(
+            asset_events=events, cursor=new_cursor, skip_reason=_reported(events, url, requests)
+        )
 
     return registry_observation_sensor
+
+
+def _reported(events: list[Event], url: str, requests: int) -> str:
+    """What a tick reported, in one line: it starts no runs, so this is its reason in the UI."""
+    observations = [e for e in events if isinstance(e, dg.AssetObservation)]
+    gone = sum(1 for e in observations if "absent" in e.metadata)
+    checks = len(events) - len(observations)
+    return (
+        f"observed {len(observations) - gone} new or moved tags and {gone} gone, "
+        f"{checks} digest check results, from {url} in {requests} requests; no runs to start"
+    )

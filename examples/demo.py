@@ -1,0 +1,420 @@
+#!/usr/bin/env python3
+"""`make demo`: the example farm (examples/farm) on this machine, in the Dagster UI, in minutes.
+
+As root, it starts and wires together, all on loopback and under one state directory:
+
+- a registry: Debian's docker-registry on 127.0.0.1:<free port>;
+- one BuildKit node per node of examples/farm/fleet.yaml: a dockerd on its own socket, data root
+  and exec root (vfs, no iptables, no bridge), so nothing of a Docker the host runs is touched,
+  and a docker context of the node's builder name, which `docker buildx` uses as the node's
+  builder (buildx's docker driver); the contexts live in a docker config of the demo's own;
+- `dagster dev` (webserver and daemon, with the placement coordinator) with a DAGSTER_HOME of its
+  own, the example bake file and fleet, ROCM_REGISTRY_URL and REGISTRY at the registry;
+
+then launches a backfill of the bake file's default group for every arch in it (two), says where
+to look, and waits. Ctrl-C, SIGTERM or any failure stops everything it started and removes the
+state directory.
+
+    python examples/demo.py [--port 3000] [--no-backfill] [--docker PATH] [--state-dir DIR]
+
+It needs `docker buildx`, which no Debian package ships; without it, it says so in one line and
+exits 2. `--docker` runs another docker client in its place, e.g. the tests' stand-in
+(rocm_assets_tests/shim/docker), which implements bake's contract over real dockerds.
+"""
+
+import argparse
+import contextlib
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+import yaml
+
+from rocm_assets.core.bake import BakeError, load_graph
+from rocm_assets.core.build import BUILDX_INSTALL_HINT
+from rocm_assets.core.fleet import Fleet, FleetError, load_fleet
+
+ROOT = Path(__file__).resolve().parent.parent
+FARM = ROOT / "examples" / "farm"
+BAKE_FILE = FARM / "bake.hcl"
+FLEET_FILE = FARM / "fleet.yaml"
+GROUP = "default"
+REGISTRY_BIN = Path("/usr/bin/docker-registry")
+_START_TIMEOUT_S = 60.0
+_UI_TIMEOUT_S = 300.0
+_STOP_GRACE_S = 20.0
+# A unix socket path must fit in 108 bytes.
+_MAX_SOCKET_PATH = 100
+# Settings of the caller's that would point the demo's farm somewhere else.
+_CALLER_SETTINGS = (
+    "DOCKER_HOST",
+    "DOCKER_CONTEXT",
+    "PUBLISHED_INPUTS",
+    "GPU_ARCH",
+    "ROCM_REGISTRY_USERNAME",
+    "ROCM_REGISTRY_PASSWORD",
+    "ROCM_REGISTRY_CA",
+    "ROCM_ALERT_WEBHOOK",
+)
+
+
+class DemoError(Exception):
+    """Something the demo cannot do: one line saying what and how to fix it."""
+
+
+def say(text: str) -> None:
+    sys.stdout.write(text + "\n")
+    sys.stdout.flush()
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _tail(path: Path, lines: int = 5) -> str:
+    try:
+        text = path.read_text(errors="replace").strip().splitlines()
+    except OSError:
+        return "(no log)"
+    return " | ".join(text[-lines:]) or "(empty log)"
+
+
+@dataclass
+class Service:
+    """A process the demo started in its own session, so stopping it reaches its children."""
+
+    name: str
+    process: subprocess.Popen[bytes]
+    log: Path
+
+    def stop(self) -> None:
+        for sig in (signal.SIGTERM, signal.SIGKILL):
+            if self.process.poll() is not None:
+                return
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.process.pid, sig)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self.process.wait(timeout=_STOP_GRACE_S)
+
+
+class Demo:
+    """Everything the demo started, stopped in reverse order by `close`."""
+
+    def __init__(self, state: Path, docker: str, port: int):
+        self.state = state
+        self.docker = docker
+        self.port = port
+        self.url = f"http://127.0.0.1:{port}"
+        self.services: list[Service] = []
+        self.env = {k: v for k, v in os.environ.items() if k not in _CALLER_SETTINGS}
+        self.env["DOCKER_CONFIG"] = str(state / "docker-config")
+        # The registry and the UI are on loopback: a proxy from the environment must not answer.
+        for name in ("NO_PROXY", "no_proxy"):
+            self.env[name] = ",".join(filter(None, [self.env.get(name), "127.0.0.1", "localhost"]))
+
+    def start(self, name: str, argv: Sequence[str], cwd: Path | None = None) -> Service:
+        log = self.state / f"{name}.log"
+        with log.open("wb") as out:
+            process = subprocess.Popen(
+                list(argv),
+                cwd=cwd,
+                env=self.env,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
+            )
+        service = Service(name, process, log)
+        self.services.append(service)
+        return service
+
+    def run(self, *argv: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            list(argv), env=self.env, capture_output=True, text=True, check=False, timeout=120
+        )
+
+    def close(self) -> None:
+        for service in reversed(self.services):
+            service.stop()
+        _remove(self.state)
+
+
+def _remove(state: Path) -> None:
+    """Delete the state directory, first unmounting what a killed dockerd left mounted there."""
+    if not state.exists():
+        return
+    prefix = str(state.resolve()) + "/"
+    mounts = [
+        line.split()[1].encode().decode("unicode_escape")
+        for line in Path("/proc/self/mounts").read_text().splitlines()
+    ]
+    for mount in sorted((m for m in mounts if m.startswith(prefix)), reverse=True):
+        subprocess.run(["umount", mount], capture_output=True, check=False)
+    shutil.rmtree(state, ignore_errors=True)
+
+
+def _wait(what: str, ready: Callable[[], bool], service: Service, timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not ready():
+        if service.process.poll() is not None:
+            raise DemoError(
+                f"{what} exited with status {service.process.returncode}: {_tail(service.log)}"
+            )
+        if time.monotonic() > deadline:
+            raise DemoError(f"{what} not ready after {timeout_s:.0f}s: {_tail(service.log)}")
+        time.sleep(0.2)
+
+
+# ---- the pieces ---------------------------------------------------------------------------------
+
+
+def check_prerequisites(docker: str, port: int) -> None:
+    if os.geteuid() != 0:
+        raise DemoError("run it as root: it starts dockerd (as `make test` does)")
+    for binary, package in (("dockerd", "docker.io"), (str(REGISTRY_BIN), "docker-registry")):
+        if not shutil.which(binary, path=f"{os.environ.get('PATH', '')}:/usr/sbin:/sbin"):
+            raise DemoError(f"{binary} not found: apt-get install {package} (or `make setup`)")
+    version = subprocess.run(
+        [docker, "buildx", "version"], capture_output=True, text=True, check=False
+    )
+    if version.returncode != 0:
+        raise DemoError(
+            f"docker buildx is missing ({docker} has no `buildx`): {BUILDX_INSTALL_HINT}"
+        )
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        try:
+            sock.bind(("127.0.0.1", port))
+        except OSError:
+            raise DemoError(f"port {port} is in use: pass --port <a free one>") from None
+
+
+def start_registry(demo: Demo) -> str:
+    port = free_port()
+    root = demo.state / "registry"
+    root.mkdir()
+    config = root / "config.yml"
+    config.write_text(
+        yaml.safe_dump(
+            {
+                "version": 0.1,
+                "log": {"level": "warn"},
+                "storage": {"filesystem": {"rootdirectory": str(root / "data")}},
+                "http": {"addr": f"127.0.0.1:{port}"},
+            }
+        )
+    )
+    service = demo.start("registry", [str(REGISTRY_BIN), "serve", str(config)])
+    url = f"http://127.0.0.1:{port}"
+
+    def ready() -> bool:
+        try:
+            return httpx.get(f"{url}/v2/", timeout=1.0, trust_env=False).status_code == 200
+        except httpx.TransportError:
+            return False
+
+    _wait("docker-registry", ready, service, _START_TIMEOUT_S)
+    return url
+
+
+def start_nodes(demo: Demo, fleet: Fleet) -> dict[str, str]:
+    """A dockerd per node, and a docker context per builder on it; builder -> DOCKER_HOST."""
+    dockerd = shutil.which("dockerd", path=f"{os.environ.get('PATH', '')}:/usr/sbin:/sbin")
+    assert dockerd is not None  # check_prerequisites found it
+    hosts: dict[str, str] = {}
+    started: list[tuple[str, Service]] = []
+    for node in fleet.nodes:
+        root = demo.state / "nodes" / node.name
+        root.mkdir(parents=True)
+        host = f"unix://{root}/docker.sock"
+        if len(host) > _MAX_SOCKET_PATH:
+            raise DemoError(f"{host} is too long for a socket: pass a shorter --state-dir")
+        namespace = f"rocm-demo-{node.name}-{os.getpid()}"
+        argv = [
+            dockerd,
+            "--storage-driver", "vfs",
+            "--iptables=false",
+            "--bridge=none",
+            "--host", host,
+            "--data-root", str(root / "data"),
+            "--exec-root", str(root / "exec"),
+            "--pidfile", str(root / "docker.pid"),
+            "--containerd-namespace", namespace,
+            "--containerd-plugins-namespace", f"{namespace}-plugins",
+        ]  # fmt: skip
+        started.append((node.name, demo.start(f"dockerd-{node.name}", argv)))
+        hosts[node.builder] = host
+    for (name, service), (builder, host) in zip(started, hosts.items(), strict=True):
+        _wait(
+            f"dockerd for {name}",
+            lambda host=host: demo.run(demo.docker, "-H", host, "info").returncode == 0,
+            service,
+            _START_TIMEOUT_S,
+        )
+        created = demo.run(demo.docker, "context", "create", builder, "--docker", f"host={host}")
+        if created.returncode != 0:
+            raise DemoError(f"docker context create {builder}: {created.stderr.strip()}")
+    return hosts
+
+
+def docker_config(demo: Demo) -> None:
+    """The demo's own docker config (its contexts), still seeing the user's CLI plugins."""
+    config = Path(demo.env["DOCKER_CONFIG"])
+    config.mkdir()
+    user = Path(os.environ.get("DOCKER_CONFIG") or Path.home() / ".docker") / "cli-plugins"
+    if user.is_dir():
+        (config / "cli-plugins").symlink_to(user)
+
+
+def start_dagster(demo: Demo, registry_url: str) -> Service:
+    home = demo.state / "dagster_home"
+    home.mkdir()
+    config = yaml.safe_load((ROOT / "dagster.yaml").read_text())
+    # Place each build a second after it can start, not five: the demo's builds take seconds.
+    config["run_coordinator"]["config"]["dequeue_interval_seconds"] = 1
+    (home / "dagster.yaml").write_text(yaml.safe_dump(config))
+    # The farm runs `docker` from PATH: the chosen client, first.
+    bin_dir = demo.state / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "docker").symlink_to(Path(demo.docker).resolve())
+    demo.env.update(
+        DAGSTER_HOME=str(home),
+        ROCM_BAKE_FILE=str(BAKE_FILE),
+        ROCM_FLEET_FILE=str(FLEET_FILE),
+        ROCM_REGISTRY_URL=registry_url,
+        REGISTRY=registry_url.removeprefix("http://"),
+        PATH=os.pathsep.join([str(bin_dir), str(Path(sys.executable).parent), demo.env["PATH"]]),
+    )
+    argv = [sys.executable, "-m", "dagster", "dev", "-w", "workspace.yaml"]
+    service = demo.start("dagster-dev", [*argv, "-h", "127.0.0.1", "-p", str(demo.port)], ROOT)
+
+    def ready() -> bool:
+        query = "{ workspaceOrError { ... on Workspace { locationEntries { loadStatus } } } }"
+        try:
+            reply = httpx.post(
+                f"{demo.url}/graphql", json={"query": query}, timeout=5.0, trust_env=False
+            )
+            entries = reply.json()["data"]["workspaceOrError"]["locationEntries"]
+        except (httpx.TransportError, ValueError, KeyError, TypeError):
+            return False
+        return bool(entries) and all(e["loadStatus"] == "LOADED" for e in entries)
+
+    _wait("dagster dev", ready, service, _UI_TIMEOUT_S)
+    return service
+
+
+def launch_backfill(demo: Demo, arches: Sequence[str]) -> None:
+    argv = ["rocm-assets", "backfill", "--url", demo.url, "--group", GROUP, "--arch", *arches]
+    say(f"$ {' '.join(argv)}")
+    out = demo.run(sys.executable, "-m", "rocm_assets.cli", *argv[1:])
+    if out.returncode != 0:
+        raise DemoError(out.stderr.strip() or f"rocm-assets backfill exited {out.returncode}")
+    for line in out.stdout.splitlines():
+        say(f"  {line}")
+
+
+# ---- the whole ----------------------------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def _stop_on_sigterm() -> Iterator[None]:
+    """SIGTERM ends the demo as Ctrl-C does: through the `finally` that stops everything."""
+
+    def stop(signum: int, _frame: object) -> None:
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, stop)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def run(args: argparse.Namespace) -> int:
+    docker = args.docker or shutil.which("docker")
+    if docker is None:
+        raise DemoError(
+            f"no docker client on PATH: apt-get install docker.io; {BUILDX_INSTALL_HINT}"
+        )
+    check_prerequisites(docker, args.port)
+    graph = load_graph(BAKE_FILE, {})
+    fleet = load_fleet(FLEET_FILE)
+    if args.state_dir:
+        state = Path(args.state_dir).resolve()
+        try:
+            state.mkdir(parents=True)
+        except FileExistsError:
+            raise DemoError(
+                f"--state-dir {state} exists: name a new one (it is removed at the end)"
+            ) from None
+    else:
+        state = Path(tempfile.mkdtemp(prefix="rocm-demo-"))
+    demo = Demo(state, docker, args.port)
+    with _stop_on_sigterm():
+        try:
+            docker_config(demo)
+            registry = start_registry(demo)
+            say(f"registry     {registry}")
+            for builder, host in start_nodes(demo, fleet).items():
+                say(f"node         {builder}: {host} (docker context and buildx builder {builder})")
+            say(f"dagster dev  starting on {demo.url} (log: {state / 'dagster-dev.log'})")
+            dagster = start_dagster(demo, registry)
+            if not args.no_backfill:
+                launch_backfill(demo, graph.arches)
+            shown = f"{sys.executable} -m rocm_assets.cli"
+            say(
+                "\n".join(
+                    [
+                        f"The example farm is up: {demo.url}",
+                        "  Runs:    one run per build, each placed on a node (tag rocm/node),",
+                        "           never two at once on one node; the coordinator's event says why",
+                        "  Assets:  each materialization's history_ref, digest, node and command",
+                        "  Automation: registry_observation_sensor observes every pushed tag",
+                        f"  Terminal: DAGSTER_HOME={demo.env['DAGSTER_HOME']} "
+                        f"ROCM_FLEET_FILE={FLEET_FILE} {shown} watch",
+                        f"  More:    {shown} backfill --url {demo.url} --bake-file {BAKE_FILE} "
+                        f"--targets torch --arch {graph.arches[0]}",
+                        f"Ctrl-C stops it and removes {state}.",
+                    ]
+                )
+            )
+            while dagster.process.poll() is None:
+                time.sleep(1.0)
+            raise DemoError(
+                f"dagster dev exited with status {dagster.process.returncode}: {_tail(dagster.log)}"
+            )
+        except KeyboardInterrupt:
+            say("stopping the demo's dagster dev, dockerds and registry")
+            return 0
+        finally:
+            demo.close()
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="examples/demo.py", description=__doc__.splitlines()[0])
+    parser.add_argument("--port", type=int, default=3000, help="the Dagster UI's port (3000)")
+    parser.add_argument("--no-backfill", action="store_true", help="start the farm, launch nothing")
+    parser.add_argument("--docker", help="the docker client to use (default: docker on PATH)")
+    parser.add_argument(
+        "--state-dir", help="where everything lives while it runs (default: a new /tmp dir)"
+    )
+    args = parser.parse_args(argv)
+    try:
+        return run(args)
+    except (DemoError, BakeError, FleetError) as exc:
+        sys.stderr.write(f"make demo: {exc}\n")
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())
