@@ -10,7 +10,8 @@ from typing import Any
 
 import hcl2
 import lark
-from hcl2.rules import base as B
+from hcl2.rules import base as B, strings as S
+from hcl2.rules.abstract import LarkRule
 
 from rocm_assets.core.bake.errors import BakeError
 from rocm_assets.core.bake.limits import MAX_FILE_BYTES, MAX_PARSE_DEPTH, quote
@@ -108,6 +109,42 @@ def _cause(exc: Exception) -> str:
     return f"{type(exc).__name__}: {quote(text, 120)[1:-1]}" if text else type(exc).__name__
 
 
+def heredoc_template(rule: Any, path: Path) -> Any:
+    """A heredoc's body, trimmed for `<<-`, as the expression of a quoted template.
+
+    Re-read as a quoted string with its backslashes and quotes escaped, interpolation works as
+    in strings while the text stays literal (heredocs take no backslash escapes). Done once, when
+    the file is parsed, so no parse runs deep inside an evaluation.
+    """
+    raw = str(rule.heredoc if hasattr(rule, "heredoc") else rule.serialize())
+    header, _, rest = raw.partition("\n")
+    marker = header.lstrip("<-").strip()
+    body = rest.rstrip("\n")
+    body = body[: body.rfind("\n") + 1] if body.endswith(marker) else body
+    lines = body.split("\n")
+    if header.startswith("<<-"):
+        indents = [len(x) - len(x.lstrip()) for x in lines if x.strip()]
+        cut = min(indents, default=0)
+        lines = [x[cut:] for x in lines]
+    escaped = "\n".join(lines).replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+    sub = parse(f'x = "{escaped}"\n', path, first_line=line_of(rule))
+    return next(c for c in sub.body.children if isinstance(c, B.AttributeRule)).expression
+
+
+def _heredocs(tree: Any, path: Path) -> dict[int, tuple[Any, Any]]:
+    """id(heredoc rule) -> (rule, its template), for every heredoc in the tree, found iteratively."""
+    found: dict[int, tuple[Any, Any]] = {}
+    stack = [tree]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, S.HeredocTemplateRule):
+            template = heredoc_template(node, path)
+            found[id(node)] = (node, template)
+            stack.append(template)
+        stack.extend(c for c in getattr(node, "children", None) or () if isinstance(c, LarkRule))
+    return found
+
+
 def label_of(rule: Any) -> str:
     text = rule.serialize()
     return text[1:-1] if isinstance(text, str) and text.startswith('"') else str(text)
@@ -135,6 +172,7 @@ class BakeFile:
     def __init__(self, path: Path, text: str):
         self.path = path
         self.tree = parse(text, path)
+        self.heredocs = _heredocs(self.tree, path)
         self.attrs = _attributes(self.tree.body, "", path)
         self.variables: dict[str, Block] = {}
         self.functions: dict[str, Block] = {}

@@ -8,10 +8,9 @@ is sized as it is built, so no interpolation loop can build more than the string
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from hcl2.rules import base as B, directives as D, strings as S
+from hcl2.rules import directives as D, strings as S
 
 from rocm_assets.core.bake.limits import MAX_STRING, check_length, quote
-from rocm_assets.core.bake.parse import line_of, parse
 from rocm_assets.core.bake.values import to_bool, to_string, type_name
 
 if TYPE_CHECKING:
@@ -139,20 +138,5 @@ def _for(ev: "Evaluation", rule: Any, scope: Mapping[str, Any], out: _Text) -> N
 
 
 def heredoc(ev: "Evaluation", rule: Any, scope: Mapping[str, Any]) -> str:
-    """A heredoc's body, trimmed for `<<-`, read as a template without backslash escapes."""
-    raw = str(rule.heredoc if hasattr(rule, "heredoc") else rule.serialize())
-    header, _, rest = raw.partition("\n")
-    marker = header.lstrip("<-").strip()
-    body = rest.rstrip("\n")
-    body = body[: body.rfind("\n") + 1] if body.endswith(marker) else body
-    lines = body.split("\n")
-    if header.startswith("<<-"):
-        indents = [len(x) - len(x.lstrip()) for x in lines if x.strip()]
-        cut = min(indents, default=0)
-        lines = [x[cut:] for x in lines]
-    # Re-read the body as a quoted template, its backslashes and quotes escaped, so that
-    # interpolation works as in strings while the text stays literal.
-    escaped = "\n".join(lines).replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
-    sub = parse(f'x = "{escaped}"\n', ev.bake.path, first_line=line_of(rule))
-    attr = next(c for c in sub.body.children if isinstance(c, B.AttributeRule))
-    return ev.expr(attr.expression, scope)
+    """A heredoc, read as a template when the file was parsed (see `parse.heredoc_template`)."""
+    return ev.expr(ev.bake.heredocs[id(rule)][1], scope)
