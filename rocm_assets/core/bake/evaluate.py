@@ -155,7 +155,9 @@ class Evaluation:
         if block.name in self.env:
             raw = self.env[block.name]
             kind = declared or (type_name(default) if default is not None else "string")
-            return self.built(self._typed(block, raw, kind), type_rule or block)
+            typed = self._typed(block, raw, kind)
+            with self.limits(line=block.line):
+                return self.budget.built(typed)
         if default_rule is None:
             # bake: an untyped variable without default is "", a typed one null.
             return None if declared else ""

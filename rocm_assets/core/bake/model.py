@@ -33,7 +33,7 @@ IMAGE_PREFIX = "docker-image://"
 # path components lower case. A tag bake would refuse (e.g. `reg/app:` from an empty variable)
 # is refused here, with its target and line, before any build or registry lookup uses it.
 _REFERENCE = re.compile(
-    r"(?:[a-zA-Z0-9.-]+(?::[0-9]+)?/)?"
+    r"(?:(?:[a-zA-Z0-9.-]+|\[[0-9a-fA-F:.]+\])(?::[0-9]+)?/)?"
     r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*(?:/[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*)*"
     r"(?::[A-Za-z0-9_][A-Za-z0-9_.-]{0,127})?(?:@sha256:[a-f0-9]{64})?"
 )
