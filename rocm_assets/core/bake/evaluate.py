@@ -16,7 +16,7 @@ import functools
 import inspect
 import operator
 from collections.abc import Callable, Iterator, Mapping
-from typing import Any
+from typing import Any, ClassVar
 
 from hcl2.rules import (
     base as B,
@@ -229,65 +229,78 @@ class Evaluation:
             raise self.error(str(exc), rule) from None
 
     def expr(self, rule: Any, scope: Mapping[str, Value]) -> Value:
-        while isinstance(rule, E.ExprTermRule):
+        # The hottest path of the evaluator: exact-type checks and a dispatch table, not a chain
+        # of isinstance calls on python-hcl2's ABCs, and no context manager per expression.
+        while type(rule) is E.ExprTermRule:
             rule = rule.expression
-        with self.nested(rule), self.limits(rule):
-            try:
-                self.budget.spend()
-                return self._expr(rule, scope)
-            except LimitError:
-                raise
-            except _OPERAND_ERRORS as exc:
-                raise self.error(quote(str(exc), 200)[1:-1], rule) from None
+        self.depth += 1
+        try:
+            if self.depth > MAX_DEPTH:
+                raise BakeLimitError(
+                    f"expressions, references and calls nest deeper than the limit of {MAX_DEPTH}",
+                    path=self.bake.path,
+                    line=line_of(rule),
+                )
+            if self.depth > self.budget.deepest:
+                self.budget.deepest = self.depth
+            self.budget.spend()
+            kind = self._KINDS.get(type(rule))
+            if kind is None:
+                raise self.error(f"unsupported expression {type(rule).__name__}", rule)
+            return kind(self, rule, scope)
+        except LimitError as exc:
+            raise BakeLimitError(str(exc), path=self.bake.path, line=line_of(rule)) from None
+        except _OPERAND_ERRORS as exc:
+            raise self.error(quote(str(exc), 200)[1:-1], rule) from None
+        finally:
+            self.depth -= 1
 
-    def _expr(self, rule: Any, scope: Mapping[str, Value]) -> Value:
-        if isinstance(rule, E.ConditionalRule):
-            condition = self.truth(self.expr(rule.condition, scope), rule)
-            return self.expr(rule.if_true if condition else rule.if_false, scope)
-        if isinstance(rule, E.BinaryOpRule):
-            return self._binary(rule, scope)
-        if isinstance(rule, E.UnaryOpRule):
-            value = self.expr(rule.expr_term, scope)
-            if str(rule.operator) == "!":
-                return not self.truth(value, rule)
-            return number(-to_number(value))
-        if isinstance(rule, L.IdentifierRule):
-            return self._identifier(rule.serialize(), rule, scope)
-        if isinstance(rule, L.IntLitRule | L.FloatLitRule):
-            # python-hcl2 gives exponent floats back as text ("${1e3}"): read the token itself.
-            token = rule.token.value
-            return number(token) if isinstance(token, int | float) else parse_number(str(token))
-        if isinstance(rule, L.LiteralValueRule):
-            return rule.serialize()  # python-hcl2 already maps true/false/null
-        if isinstance(rule, S.StringRule):
-            return self.built(templates.template(self, rule.string_parts, scope), rule)
-        if isinstance(rule, S.HeredocTemplateRule):
-            return self.built(templates.heredoc(self, rule, scope), rule)
-        if isinstance(rule, C.TupleRule):
-            # A loop, not a comprehension: in Python 3.11 that is one more frame per level.
-            items = []
-            for element in rule.elements:
-                items.append(self.expr(element, scope))  # noqa: PERF401
-            return self.built(items, rule)
-        if isinstance(rule, C.ObjectRule):
-            obj = {}
-            for element in rule.elements:
-                obj[self._key(element.key, scope)] = self.expr(element.expression, scope)
-            return self.built(obj, rule)
-        if isinstance(rule, FN.FunctionCallRule):
-            return self._call(rule, scope)
-        if isinstance(rule, IX.GetAttrExprTermRule):
-            return self._getattr_rule(rule, scope)
-        if isinstance(rule, IX.IndexExprTermRule):
-            target, index = rule.children
-            return self._index(self.expr(target, scope), index, scope, rule)
-        if isinstance(rule, IX.AttrSplatExprTermRule | IX.FullSplatExprTermRule):
-            return self._splat(rule, scope)
-        if isinstance(rule, FE.ForTupleExprRule | FE.ForObjectExprRule):
-            return self._for(rule, scope)
-        if isinstance(rule, D.TemplateIfRule | D.TemplateForRule):
-            return self.built(templates.template(self, [rule], scope), rule)
-        raise self.error(f"unsupported expression {type(rule).__name__}", rule)
+    def _conditional(self, rule: E.ConditionalRule, scope: Mapping[str, Value]) -> Value:
+        condition = self.truth(self.expr(rule.condition, scope), rule)
+        return self.expr(rule.if_true if condition else rule.if_false, scope)
+
+    def _unary(self, rule: E.UnaryOpRule, scope: Mapping[str, Value]) -> Value:
+        value = self.expr(rule.expr_term, scope)
+        if str(rule.operator) == "!":
+            return not self.truth(value, rule)
+        return number(-to_number(value))
+
+    def _name(self, rule: L.IdentifierRule, scope: Mapping[str, Value]) -> Value:
+        return self._identifier(rule.serialize(), rule, scope)
+
+    def _number(self, rule: Any, scope: Mapping[str, Value]) -> Value:
+        # python-hcl2 gives exponent floats back as text ("${1e3}"): read the token itself.
+        token = rule.token.value
+        return number(token) if isinstance(token, int | float) else parse_number(str(token))
+
+    def _literal(self, rule: L.LiteralValueRule, scope: Mapping[str, Value]) -> Value:
+        return rule.serialize()  # python-hcl2 already maps true/false/null
+
+    def _string(self, rule: S.StringRule, scope: Mapping[str, Value]) -> Value:
+        return self.built(templates.template(self, rule.string_parts, scope), rule)
+
+    def _heredoc(self, rule: Any, scope: Mapping[str, Value]) -> Value:
+        return self.built(templates.heredoc(self, rule, scope), rule)
+
+    def _directive(self, rule: Any, scope: Mapping[str, Value]) -> Value:
+        return self.built(templates.template(self, [rule], scope), rule)
+
+    def _tuple(self, rule: C.TupleRule, scope: Mapping[str, Value]) -> Value:
+        # A loop, not a comprehension: in Python 3.11 that is one more frame per level.
+        items = []
+        for element in rule.elements:
+            items.append(self.expr(element, scope))  # noqa: PERF401
+        return self.built(items, rule)
+
+    def _object(self, rule: C.ObjectRule, scope: Mapping[str, Value]) -> Value:
+        obj = {}
+        for element in rule.elements:
+            obj[self._key(element.key, scope)] = self.expr(element.expression, scope)
+        return self.built(obj, rule)
+
+    def _index_rule(self, rule: IX.IndexExprTermRule, scope: Mapping[str, Value]) -> Value:
+        target, index = rule.children
+        return self._index(self.expr(target, scope), index, scope, rule)
 
     _ARITH: dict[str, Callable[[Any, Any], Any]] = {  # noqa: RUF012
         "+": operator.add,
@@ -529,3 +542,28 @@ class Evaluation:
                     rule,
                 )
         return names
+
+    # Each expression rule python-hcl2 makes, and the method that evaluates it.
+    _KINDS: ClassVar[dict[type, Callable[..., Value]]] = {
+        E.ConditionalRule: _conditional,
+        E.BinaryOpRule: _binary,
+        E.UnaryOpRule: _unary,
+        L.IdentifierRule: _name,
+        L.IntLitRule: _number,
+        L.FloatLitRule: _number,
+        L.LiteralValueRule: _literal,
+        S.StringRule: _string,
+        S.HeredocTemplateRule: _heredoc,
+        S.HeredocTrimTemplateRule: _heredoc,
+        C.TupleRule: _tuple,
+        C.ObjectRule: _object,
+        FN.FunctionCallRule: _call,
+        IX.GetAttrExprTermRule: _getattr_rule,
+        IX.IndexExprTermRule: _index_rule,
+        IX.AttrSplatExprTermRule: _splat,
+        IX.FullSplatExprTermRule: _splat,
+        FE.ForTupleExprRule: _for,
+        FE.ForObjectExprRule: _for,
+        D.TemplateIfRule: _directive,
+        D.TemplateForRule: _directive,
+    }
