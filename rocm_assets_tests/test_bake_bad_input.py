@@ -124,9 +124,10 @@ def test_limits_leave_the_shipped_file_far_below_them() -> None:
     graph = load_graph(SHIPPED_BAKE_FILE, {})
     for arch in graph.arches:
         graph.resolve(arch, published=True)
-    # 11 evaluations of the whole file in about 1% of one load's budget, 5 levels of 80.
-    assert graph.budget.used < MAX_STEPS // 50
-    assert graph.budget.deepest <= MAX_DEPTH // 8
+    # 11 evaluations of the whole file take about 16k steps (1.6% of the budget) and nest 5 deep:
+    # at least ten times below each limit, so a growing file has room.
+    assert graph.budget.used < MAX_STEPS // 10
+    assert graph.budget.deepest <= MAX_DEPTH // 10
 
 
 # ##### ONE LINE, NEVER A TRACEBACK
