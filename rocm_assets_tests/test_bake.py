@@ -106,6 +106,16 @@ group "all" {
     assert resolved.expand(["default"]) == ("app", "base")  # nested groups
 
 
+def test_target_references_follow_bake(tmp_path: Path) -> None:
+    """bake's TestHCLTargetAttrName and TestHCLTargetAttrEmptyChain: a name, and null if unset."""
+    path = write(
+        tmp_path,
+        'target "foo" {\n  dockerfile = target.foo.name\n  context = target.foo.target\n}\n',
+    )
+    foo = resolve(load_bake(path), {}).targets["foo"]
+    assert (foo.dockerfile, foo.context) == ("foo", ".")  # null context: bake's default
+
+
 # ##### BAD INPUT: one line each, naming file and line
 
 

@@ -85,7 +85,7 @@ def test_argv_bakes_one_target_with_overrides_on_that_target_only(tmp_path: Path
         "--push", "--metadata-file", str(tmp_path / "metadata.json"), "--progress=plain",
         "--set", f"base.args.BUILDKIT_BUILD_NAME=rocm-pytorch-build/base/gfx942/{RUN_ID}",
         "--set", "base.args.MAX_JOBS=6",
-        "base",
+        "--", "base",
     )  # fmt: skip
     sets = [inv.argv[i + 1] for i, arg in enumerate(inv.argv) if arg == "--set"]
     assert all(s.startswith("base.") for s in sets)

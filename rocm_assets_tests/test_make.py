@@ -148,6 +148,7 @@ def test_build_all_bakes_the_group_once_on_one_builder(
         bake_file,
         "--builder",
         "snoc-think",
+        "--",
         "default",
     ]
     assert record["cwd"] == str(PROJECT_ROOT)

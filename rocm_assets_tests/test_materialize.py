@@ -362,7 +362,7 @@ def test_cli_materialize_bakes_exactly_vllm_wheel_for_the_partition(
         "--metadata-file", metadata_file, "--progress=plain",
         "--set", f"vllm-wheel.args.BUILDKIT_BUILD_NAME={build_name('vllm-wheel', run_id)}",
         "--set", f"vllm-wheel.args.MAX_JOBS={MAX_JOBS}",
-        "vllm-wheel",
+        "--", "vllm-wheel",
     ]  # fmt: skip
     assert Path(metadata_file).is_absolute()
     assert record["env"] == {"PUBLISHED_INPUTS": "1", "GPU_ARCH": ARCH, "RUN_ID": run_id, **passed}

@@ -270,7 +270,8 @@ def test_recording_mode_records_argv_and_env_literally(docker_shim_record: Recor
     argv = [
         "buildx", "bake", "-f", str(E2E_BAKE_FILE), "--builder", SHIM_BUILDER, "--push",
         "--metadata-file", str(metadata), "--progress=rawjson",
-        "--set", f"lib.args.BUILDKIT_BUILD_NAME={tricky}", "--set", "lib.args.MAX_JOBS=12", "lib",
+        "--set", f"lib.args.BUILDKIT_BUILD_NAME={tricky}", "--set", "lib.args.MAX_JOBS=12",
+        "--", "lib",
     ]  # fmt: skip
     ran = docker(
         docker_shim_record.env, *argv,
@@ -349,6 +350,25 @@ def _wait_for(path: Path, proc: subprocess.Popen) -> None:
         assert proc.poll() is None, proc.communicate()
         assert time.monotonic() < deadline, f"{path} never appeared"
         time.sleep(0.05)
+
+
+def test_double_dash_ends_the_options_as_in_buildx(docker_shim_record: RecordingShim) -> None:
+    """After `--` every word is a target, so a name like `--print` cannot act as the flag."""
+    printed = docker(
+        docker_shim_record.env, "buildx", "bake", "-f", str(E2E_BAKE_FILE), "--print",
+        "--", "app-wheel",
+        PUBLISHED_INPUTS="1", GPU_ARCH="gfx1100", REGISTRY="reg:5000",
+    )  # fmt: skip
+    assert printed.returncode == 0, printed.stderr
+    assert list(json.loads(printed.stdout)["target"]) == ["app-wheel"]
+    as_target = docker(
+        docker_shim_record.env, "buildx", "bake", "-f", str(E2E_BAKE_FILE),
+        "--builder", SHIM_BUILDER, "--", "--print",
+        PUBLISHED_INPUTS="1",
+    )  # fmt: skip
+    assert as_target.returncode == 1
+    assert as_target.stderr.strip() == "ERROR: failed to find target --print"
+    assert docker_shim_record.records() == []
 
 
 def test_sigterm_ends_the_bake_and_kills_its_docker_build(

@@ -22,7 +22,7 @@ from typing import Any
 
 from rocm_assets.cli.common import EXIT_ERROR, add_list
 from rocm_assets.core.bake import BakeGraph, load_graph
-from rocm_assets.core.bake.functions import PARSE_BOOL_FALSE
+from rocm_assets.core.bake.values import PARSE_BOOL_FALSE
 from rocm_assets.core.builds import SelectionError, check_arches, check_group
 from rocm_assets.core.constants import ARCH_VAR, DEFAULT_GROUP, POOL_BUILDER, PUBLISHED_INPUTS_VAR
 from rocm_assets.core.fleet import Fleet, fleet_path, load_fleet
@@ -92,7 +92,8 @@ def build_all(
         raise BuildAllError(
             f"{docker!r} is not on PATH: install the Docker CLI with the buildx plugin"
         )
-    argv = (docker, "buildx", "bake", "-f", str(graph.path), "--builder", builder, group)
+    # `--` ends the options, so no group name can be read as a flag.
+    argv = (docker, "buildx", "bake", "-f", str(graph.path), "--builder", builder, "--", group)
     # Bake resolves relative `context` paths against its working directory, not the file's.
     return BuildAll(argv, env, graph.path.parent)
 

@@ -124,7 +124,8 @@ def bake_invocation(
         f"--progress={progress}",
         "--set", f"{target}.args.BUILDKIT_BUILD_NAME={name}",
         "--set", f"{target}.args.MAX_JOBS={max_jobs}",
-        target,
+        # Options end here: no target name can be read as a flag.
+        "--", target,
     )  # fmt: skip
     return BakeInvocation(
         target,

@@ -6,12 +6,13 @@ takes a group, targets or arches checks them here, so a request is refused with 
 wherever it is made.
 """
 
-import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import total_ordering
 
 from rocm_assets.core.bake import BakeGraph
+from rocm_assets.core.bake.limits import quote
+from rocm_assets.core.bake.names import arch_problem, op_name as op_name
 from rocm_assets.core.constants import (
     PARTITION_RANGE_END_TAG,
     PARTITION_RANGE_START_TAG,
@@ -79,15 +80,17 @@ def run_partitions(tags: Mapping[str, str], arches: Sequence[str]) -> list[str]:
     return []
 
 
-def op_name(target: str) -> str:
-    """Dagster's op name for an asset key: every character outside [A-Za-z0-9_] becomes `_`."""
-    return re.sub(r"[^A-Za-z0-9_]", "_", target)
-
-
 def check_arches(graph: BakeGraph, arches: Iterable[str]) -> tuple[str, ...]:
-    """`arches` without repeats, each one of the bake file's GPU_ARCHES."""
+    """`arches` without repeats, each one of the bake file's GPU_ARCHES.
+
+    The name's shape is checked first, so a value like `gfx942;rm -rf /` is refused for what it
+    is before it is looked up, and never reaches an argv, an env value or a tag.
+    """
     chosen = tuple(dict.fromkeys(arches))
     for arch in chosen:
+        problem = arch_problem(arch)
+        if problem:
+            raise SelectionError(problem)
         if arch not in graph.arches:
             raise SelectionError(
                 f"unknown arch {arch!r}: {graph.path.name} builds {', '.join(graph.arches)} "
@@ -100,7 +103,7 @@ def check_group(graph: BakeGraph, group: str) -> tuple[str, ...]:
     """The members of bake group `group`."""
     if group not in graph.groups:
         raise SelectionError(
-            f"no group {group!r} in {graph.path.name} (groups: {', '.join(graph.groups)})"
+            f"no group {quote(group)} in {graph.path.name} (groups: {', '.join(graph.groups)})"
         )
     return graph.groups[group]
 
@@ -124,16 +127,16 @@ def select_targets(
         for name in targets or ():
             if name in graph.test_targets and not allow_tests:
                 raise SelectionError(
-                    f"{name!r} is a test target, not an asset: it runs as the check on "
+                    f"{quote(name)} is a test target, not an asset: it runs as the check on "
                     f"{graph.test_targets[name]} (make gpu-test)"
                 )
             if name not in graph.deps:
                 raise SelectionError(
-                    f"no target {name!r} in {graph.path.name} "
+                    f"no target {quote(name)} in {graph.path.name} "
                     f"(targets: {', '.join(graph.asset_targets)})"
                 )
     allowed = graph.targets if allow_tests else graph.asset_targets
     selected = tuple(t for t in allowed if t in chosen)
     if not selected:
-        raise SelectionError(f"group {group!r} in {graph.path.name} has no asset to build")
+        raise SelectionError(f"group {quote(group)} in {graph.path.name} has no asset to build")
     return selected

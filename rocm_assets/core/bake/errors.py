@@ -1,6 +1,11 @@
 """The one exception the bake layer raises: a single line naming the file and, where known, the line."""
 
+import contextlib
+from collections.abc import Iterator
 from pathlib import Path
+
+# A backstop: messages quote values shortened already, but no message may carry a whole file.
+_MAX_MESSAGE = 1000
 
 
 class BakeError(Exception):
@@ -12,4 +17,30 @@ class BakeError(Exception):
         where = ""
         if path is not None:
             where = f"{path}:{line}: " if line else f"{path}: "
+        message = message.replace("\r", "\\r").replace("\n", "\\n")
+        if len(message) > _MAX_MESSAGE:
+            message = message[: _MAX_MESSAGE - 3] + "..."
         super().__init__(f"{where}{message}")
+
+
+class BakeLimitError(BakeError):
+    """A file that asks for more work than the evaluator allows; `try()` does not swallow it."""
+
+
+@contextlib.contextmanager
+def boundary(path: Path) -> Iterator[None]:
+    """Turn anything but our own error, raised while reading `path`, into a one-line BakeError.
+
+    The limits are meant to keep Python's own errors (RecursionError, MemoryError, a bug's
+    TypeError) from happening at all; this keeps one from escaping as a traceback if they fail.
+    """
+    try:
+        yield
+    except BakeError:
+        raise
+    except RecursionError as exc:
+        raise BakeError("nesting too deep to evaluate (Python's stack)", path=path) from exc
+    except Exception as exc:
+        text = str(exc).strip().splitlines()[0][:200] if str(exc).strip() else ""
+        cause = f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+        raise BakeError(f"cannot evaluate: {cause}", path=path) from exc

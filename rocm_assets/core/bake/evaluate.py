@@ -2,16 +2,21 @@
 
 python-hcl2 has no expression evaluator, so this one walks its typed tree. It covers what bake
 files need: variables (defaults, env overrides typed as bake types them, validation), top-level
-attributes (bake's stand-in for locals), user functions, interpolation and template directives,
-heredocs, conditionals, operators, object/tuple literals, for expressions, indexing, splats,
-`target.<name>.<attr>` references, `inherits` and nested groups.
+attributes (bake's stand-in for locals, and overrides of a variable's default), user functions,
+interpolation and template directives, heredocs, conditionals, operators, object/tuple literals,
+for expressions, indexing, splats and `target.<name>.<attr>` references. Targets, groups and
+matrices are in `blocks`.
+
+Every evaluation runs on a `Budget` (see `limits`): nesting, steps, string and collection sizes
+are bounded, and any error is a one-line BakeError naming the file and line.
 """
 
+import contextlib
+import functools
+import inspect
 import operator
-import re
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass
-from typing import Any
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any, ClassVar
 
 from hcl2.rules import (
     base as B,
@@ -25,54 +30,94 @@ from hcl2.rules import (
     strings as S,
 )
 
-from rocm_assets.core.bake.errors import BakeError
-from rocm_assets.core.bake.functions import (
-    FUNCTIONS,
+from rocm_assets.core.bake import blocks, templates
+from rocm_assets.core.bake.errors import BakeError, BakeLimitError
+from rocm_assets.core.bake.functions import FUNCTIONS, UNSUPPORTED
+from rocm_assets.core.bake.limits import MAX_DEPTH, Budget, LimitError, quote
+from rocm_assets.core.bake.parse import BakeFile, Block, line_of
+from rocm_assets.core.bake.values import (
     PARSE_BOOL_FALSE,
     PARSE_BOOL_TRUE,
+    equal,
+    number,
+    parse_number,
     to_bool,
+    to_int,
     to_number,
     to_string,
     type_name,
 )
-from rocm_assets.core.bake.parse import BakeFile, Block, label_of, line_of, parse
 
 Value = Any
 
-# Bake's Target.Merge: these keys merge by key across `inherits`; the rest are replaced.
-_MERGED_KEYS = frozenset({"args", "labels", "contexts", "annotations", "extra-hosts"})
 _BUILTINS = {"BAKE_CMD_CONTEXT": "cwd://", "BAKE_LOCAL_PLATFORM": "linux/amd64"}
-_ESCAPES = {"n": "\n", "t": "\t", "r": "\r", '"': '"', "\\": "\\"}
+# What Python raises for a bad operand deep in an operation: turned into a BakeError with the
+# line of the expression that caused it.
+_OPERAND_ERRORS = (ValueError, TypeError, ArithmeticError, LookupError)
 
 
-class _TargetNamespace:
-    """The value of the bare identifier `target`, so `target.<name>.<attr>` resolves lazily."""
+def _arity(fn: Callable[..., Any]) -> inspect.Signature | None:
+    try:
+        return inspect.signature(fn)
+    except (TypeError, ValueError):
+        return None
 
 
-@dataclass(frozen=True)
-class _TargetRef:
-    name: str
+_SIGNATURES = {name: _arity(fn) for name, fn in FUNCTIONS.items()}
 
 
 class Evaluation:
     """Values of one bake file under one environment, computed lazily and memoised."""
 
-    def __init__(self, bake: BakeFile, env: dict[str, str]):
+    def __init__(self, bake: BakeFile, env: Mapping[str, str], budget: Budget | None = None):
         self.bake = bake
         self.env = env
+        self.budget = budget or Budget()
+        self.depth = 0
         self._values: dict[str, Value] = {}
         self._stack: list[str] = []
-        self._target_attrs: dict[tuple[str, str], Value] = {}
+        self._calls: list[str] = []
 
-    # ---- errors ----
+    # ---- errors and bounds ----
     def error(self, message: str, rule: Any = None, line: int | None = None) -> BakeError:
         return BakeError(
             message, path=self.bake.path, line=line or (line_of(rule) if rule else None)
         )
 
+    @contextlib.contextmanager
+    def nested(self, rule: Any = None, line: int | None = None) -> Iterator[None]:
+        """One level deeper: an expression, a reference, a call or an inherited target."""
+        self.depth += 1
+        self.budget.deepest = max(self.budget.deepest, self.depth)
+        try:
+            if self.depth > MAX_DEPTH:
+                raise BakeLimitError(
+                    f"expressions, references and calls nest deeper than the limit of {MAX_DEPTH}",
+                    path=self.bake.path,
+                    line=line or (line_of(rule) if rule else None),
+                )
+            yield
+        finally:
+            self.depth -= 1
+
+    @contextlib.contextmanager
+    def limits(self, rule: Any = None, line: int | None = None) -> Iterator[None]:
+        """A limit reached inside is reported as a BakeLimitError at `rule`'s line."""
+        try:
+            yield
+        except LimitError as exc:
+            raise BakeLimitError(
+                str(exc), path=self.bake.path, line=line or (line_of(rule) if rule else None)
+            ) from None
+
+    def built(self, value: Value, rule: Any) -> Value:
+        """Charge the budget for a value made at `rule`, and check its size and nesting."""
+        with self.limits(rule):
+            return self.budget.built(value)
+
     # ---- named values ----
     def names(self) -> list[str]:
-        return [*self.bake.variables, *self.bake.attrs]
+        return list(dict.fromkeys([*self.bake.variables, *self.bake.attrs]))
 
     def value(self, name: str, rule: Any = None) -> Value:
         if name in self._values:
@@ -89,24 +134,32 @@ class Evaluation:
             elif name in _BUILTINS:
                 result = _BUILTINS[name]
             else:
-                raise self.error(f"unknown variable {name!r}", rule)
+                raise self.error(
+                    f"unknown variable {quote(name)}: no variable block or top-level attribute "
+                    "declares it",
+                    rule,
+                )
         finally:
             self._stack.pop()
         self._values[name] = result
         return result
 
     def _variable(self, block: Block) -> Value:
-        default_rule = block.attrs.get("default")
+        # As bake's resolveValue: a top-level attribute of the same name replaces the default;
+        # the environment overrides either.
+        attr = self.bake.attrs.get(block.name)
+        default_rule = attr or block.attrs.get("default")
         type_rule = block.attrs.get("type")
         default = self.expr(default_rule.expression, {}) if default_rule else None
         declared = self._declared_type(type_rule) if type_rule else None
         if block.name in self.env:
             raw = self.env[block.name]
-            kind = declared or (
-                type_name(default) if default_rule and default is not None else "string"
-            )
-            return self._typed(block, raw, kind)
+            kind = declared or (type_name(default) if default is not None else "string")
+            typed = self._typed(block, raw, kind)
+            with self.limits(line=block.line):
+                return self.budget.built(typed)
         if default_rule is None:
+            # bake: an untyped variable without default is "", a typed one null.
             return None if declared else ""
         return default
 
@@ -122,13 +175,13 @@ class Evaluation:
                 return True
             if raw in PARSE_BOOL_FALSE:
                 return False
-            raise self.error(f"failed to parse {block.name} as bool: {raw!r}", line=block.line)
+            raise self.error(f"failed to parse {block.name} as bool: {quote(raw)}", line=block.line)
         if kind == "number":
             try:
-                return to_number(raw)
+                return parse_number(raw)
             except ValueError:
                 raise self.error(
-                    f"failed to parse {block.name} as number: {raw!r}", line=block.line
+                    f"failed to parse {block.name} as number: {quote(raw)}", line=block.line
                 ) from None
         if kind in ("list", "set", "tuple"):
             return [item for item in raw.split(",") if item] if raw else []
@@ -143,8 +196,6 @@ class Evaluation:
         """Run every variable's validation blocks, as bake does once all values are known."""
         for block in self.bake.variables.values():
             for rule in block.blocks:
-                if label_of(rule.labels[0]) != "validation":
-                    continue
                 attrs = {
                     c.identifier.serialize(): c
                     for c in rule.body.children
@@ -160,59 +211,15 @@ class Evaluation:
                         if message
                         else "validation failed"
                     )
-                    raise self.error(f"variable {block.name}: {text}", condition)
+                    raise self.error(f"variable {block.name}: {quote(text, 200)[1:-1]}", condition)
 
-    # ---- targets and groups ----
-    def target_attr(self, name: str, attr: str, rule: Any = None) -> Value:
-        """`target.<name>.<attr>`: the attribute as written in that target's own blocks."""
-        key = (name, attr)
-        if key not in self._target_attrs:
-            blocks = self.bake.targets.get(name)
-            if not blocks:
-                raise self.error(f"target.{name}.{attr}: no target named {name!r}", rule)
-            found = [b.attrs[attr] for b in blocks if attr in b.attrs]
-            if not found:
-                raise self.error(f"target.{name}.{attr}: target {name!r} sets no {attr!r}", rule)
-            self._target_attrs[key] = self.expr(found[-1].expression, {})
-        return self._target_attrs[key]
+    # ---- targets (see blocks) ----
+    @functools.cached_property
+    def expansion(self) -> blocks.Expansion:
+        return blocks.expand(self)
 
-    def target(self, name: str, _chain: tuple[str, ...] = ()) -> dict[str, Value]:
-        """A target's attributes after `inherits`, merged as bake's Target.Merge does."""
-        blocks = self.bake.targets.get(name)
-        if not blocks:
-            raise self.error(f"inherits names no target {name!r}")
-        if name in _chain:
-            raise self.error(f"inherits cycle: {' -> '.join([*_chain, name])}", line=blocks[0].line)
-        own: dict[str, Value] = {}
-        for block in blocks:
-            if "matrix" in block.attrs:
-                raise self.error(f"target {name!r}: matrix is not supported", block.attrs["matrix"])
-            for attr, rule in block.attrs.items():
-                self._merge(own, attr, self.expr(rule.expression, {}))
-        merged: dict[str, Value] = {}
-        for parent in own.pop("inherits", None) or []:
-            for attr, value in self.target(to_string(parent), (*_chain, name)).items():
-                self._merge(merged, attr, value)
-        for attr, value in own.items():
-            self._merge(merged, attr, value)
-        return merged
-
-    @staticmethod
-    def _merge(into: dict[str, Value], attr: str, value: Value) -> None:
-        if attr in _MERGED_KEYS and isinstance(value, dict) and isinstance(into.get(attr), dict):
-            into[attr] = {**into[attr], **{k: v for k, v in value.items() if v is not None}}
-        else:
-            into[attr] = value
-
-    def group(self, name: str) -> list[str]:
-        members: list[str] = []
-        for block in self.bake.groups[name]:
-            rule = block.attrs.get("targets")
-            value = self.expr(rule.expression, {}) if rule else []
-            if not isinstance(value, list):
-                raise self.error(f"group {name!r}: targets must be a list", rule)
-            members.extend(to_string(v) for v in value)
-        return members
+    def target_attr(self, name: str, attr: str, rule: Any) -> Value:
+        return blocks.target_attr(self, name, attr, rule)
 
     # ---- expressions ----
     def truth(self, value: Value, rule: Any) -> bool:
@@ -222,56 +229,78 @@ class Evaluation:
             raise self.error(str(exc), rule) from None
 
     def expr(self, rule: Any, scope: Mapping[str, Value]) -> Value:
-        if isinstance(rule, E.ExprTermRule):
-            return self.expr(rule.expression, scope)
-        if isinstance(rule, E.ConditionalRule):
-            branch = (
-                rule.if_true
-                if self.truth(self.expr(rule.condition, scope), rule)
-                else rule.if_false
-            )
-            return self.expr(branch, scope)
-        if isinstance(rule, E.BinaryOpRule):
-            return self._binary(rule, scope)
-        if isinstance(rule, E.UnaryOpRule):
-            value = self.expr(rule.expr_term, scope)
-            if str(rule.operator) == "!":
-                return not self.truth(value, rule)
-            return -self._num(value, rule)
-        if isinstance(rule, L.IdentifierRule):
-            return self._identifier(rule.serialize(), rule, scope)
-        if isinstance(rule, L.IntLitRule | L.FloatLitRule):
-            return rule.serialize()
-        if isinstance(rule, L.LiteralValueRule):
-            return rule.serialize()  # python-hcl2 already maps true/false/null
-        if isinstance(rule, S.StringRule):
-            return self._template(rule.string_parts, scope)
-        if isinstance(rule, S.HeredocTemplateRule):
-            return self._heredoc(rule, scope)
-        if isinstance(rule, C.TupleRule):
-            return [self.expr(e, scope) for e in rule.elements]
-        if isinstance(rule, C.ObjectRule):
-            return {self._key(e.key, scope): self.expr(e.expression, scope) for e in rule.elements}
-        if isinstance(rule, FN.FunctionCallRule):
-            return self._call(rule, scope)
-        if isinstance(rule, IX.GetAttrExprTermRule):
-            return self._getattr(
-                self.expr(rule.expr_term, scope), rule.get_attr.identifier.serialize(), rule
-            )
-        if isinstance(rule, IX.IndexExprTermRule):
-            target, index = rule.children
-            return self._index(self.expr(target, scope), index, scope, rule)
-        if isinstance(rule, IX.AttrSplatExprTermRule | IX.FullSplatExprTermRule):
-            return self._splat(rule, scope)
-        if isinstance(rule, FE.ForTupleExprRule | FE.ForObjectExprRule):
-            return self._for(rule, scope)
-        raise self.error(f"unsupported expression {type(rule).__name__}", rule)
-
-    def _num(self, value: Value, rule: Any) -> int | float:
+        # The hottest path of the evaluator: exact-type checks and a dispatch table, not a chain
+        # of isinstance calls on python-hcl2's ABCs, and no context manager per expression.
+        while type(rule) is E.ExprTermRule:
+            rule = rule.expression
+        self.depth += 1
         try:
-            return to_number(value)
-        except ValueError as exc:
-            raise self.error(str(exc), rule) from None
+            if self.depth > MAX_DEPTH:
+                raise BakeLimitError(
+                    f"expressions, references and calls nest deeper than the limit of {MAX_DEPTH}",
+                    path=self.bake.path,
+                    line=line_of(rule),
+                )
+            if self.depth > self.budget.deepest:
+                self.budget.deepest = self.depth
+            self.budget.spend()
+            kind = self._KINDS.get(type(rule))
+            if kind is None:
+                raise self.error(f"unsupported expression {type(rule).__name__}", rule)
+            return kind(self, rule, scope)
+        except LimitError as exc:
+            raise BakeLimitError(str(exc), path=self.bake.path, line=line_of(rule)) from None
+        except _OPERAND_ERRORS as exc:
+            raise self.error(quote(str(exc), 200)[1:-1], rule) from None
+        finally:
+            self.depth -= 1
+
+    def _conditional(self, rule: E.ConditionalRule, scope: Mapping[str, Value]) -> Value:
+        condition = self.truth(self.expr(rule.condition, scope), rule)
+        return self.expr(rule.if_true if condition else rule.if_false, scope)
+
+    def _unary(self, rule: E.UnaryOpRule, scope: Mapping[str, Value]) -> Value:
+        value = self.expr(rule.expr_term, scope)
+        if str(rule.operator) == "!":
+            return not self.truth(value, rule)
+        return number(-to_number(value))
+
+    def _name(self, rule: L.IdentifierRule, scope: Mapping[str, Value]) -> Value:
+        return self._identifier(rule.serialize(), rule, scope)
+
+    def _number(self, rule: Any, scope: Mapping[str, Value]) -> Value:
+        # python-hcl2 gives exponent floats back as text ("${1e3}"): read the token itself.
+        token = rule.token.value
+        return number(token) if isinstance(token, int | float) else parse_number(str(token))
+
+    def _literal(self, rule: L.LiteralValueRule, scope: Mapping[str, Value]) -> Value:
+        return rule.serialize()  # python-hcl2 already maps true/false/null
+
+    def _string(self, rule: S.StringRule, scope: Mapping[str, Value]) -> Value:
+        return self.built(templates.template(self, rule.string_parts, scope), rule)
+
+    def _heredoc(self, rule: Any, scope: Mapping[str, Value]) -> Value:
+        return self.built(templates.heredoc(self, rule, scope), rule)
+
+    def _directive(self, rule: Any, scope: Mapping[str, Value]) -> Value:
+        return self.built(templates.template(self, [rule], scope), rule)
+
+    def _tuple(self, rule: C.TupleRule, scope: Mapping[str, Value]) -> Value:
+        # A loop, not a comprehension: in Python 3.11 that is one more frame per level.
+        items = []
+        for element in rule.elements:
+            items.append(self.expr(element, scope))  # noqa: PERF401
+        return self.built(items, rule)
+
+    def _object(self, rule: C.ObjectRule, scope: Mapping[str, Value]) -> Value:
+        obj = {}
+        for element in rule.elements:
+            obj[self._key(element.key, scope)] = self.expr(element.expression, scope)
+        return self.built(obj, rule)
+
+    def _index_rule(self, rule: IX.IndexExprTermRule, scope: Mapping[str, Value]) -> Value:
+        target, index = rule.children
+        return self._index(self.expr(target, scope), index, scope, rule)
 
     _ARITH: dict[str, Callable[[Any, Any], Any]] = {  # noqa: RUF012
         "+": operator.add,
@@ -296,35 +325,55 @@ class Evaluation:
         right = self.expr(rule.binary_term.expr_term, scope)
         if op in ("==", "!="):
             # go-cty compares without conversion: a bool is never equal to the string "true".
-            same = left == right and type_name(left) == type_name(right)
+            same = equal(left, right)
             return same if op == "==" else not same
         if op not in self._ARITH:
-            raise self.error(f"unsupported operator {op!r}", rule)
+            raise self.error(f"unsupported operator {quote(op)}", rule)
         try:
-            result = self._ARITH[op](self._num(left, rule), self._num(right, rule))
+            result = self._ARITH[op](to_number(left), to_number(right))
         except ZeroDivisionError:
             raise self.error("division by zero", rule) from None
-        return (
-            int(result)
-            if isinstance(result, float) and result.is_integer() and op != "/"
-            else result
-        )
+        except OverflowError:
+            raise self.error("number out of range (beyond about ±1.8e308)", rule) from None
+        return result if isinstance(result, bool) else number(result)
 
     def _identifier(self, name: str, rule: Any, scope: Mapping[str, Value]) -> Value:
         if name in scope:
             return scope[name]
         if name == "target" and name not in self.bake.variables and name not in self.bake.attrs:
-            return _TargetNamespace()
+            raise self.error(
+                "cannot access target as a value: write target.<name>.<attribute>", rule
+            )
         return self.value(name, rule)
 
+    def _is_target_namespace(self, rule: Any, scope: Mapping[str, Value]) -> bool:
+        while isinstance(rule, E.ExprTermRule):
+            rule = rule.expression
+        return (
+            isinstance(rule, L.IdentifierRule)
+            and rule.serialize() == "target"
+            and "target" not in scope
+            and "target" not in self.bake.variables
+            and "target" not in self.bake.attrs
+        )
+
+    def _getattr_rule(self, rule: IX.GetAttrExprTermRule, scope: Mapping[str, Value]) -> Value:
+        attr = rule.get_attr.identifier.serialize()
+        inner = rule.expr_term
+        while isinstance(inner, E.ExprTermRule):
+            inner = inner.expression
+        if isinstance(inner, IX.GetAttrExprTermRule) and self._is_target_namespace(
+            inner.expr_term, scope
+        ):
+            return self.target_attr(inner.get_attr.identifier.serialize(), attr, rule)
+        if self._is_target_namespace(inner, scope):
+            raise self.error(f"target.{attr} is a whole target: read one attribute of it", rule)
+        return self._getattr(self.expr(rule.expr_term, scope), attr, rule)
+
     def _getattr(self, base: Value, name: str, rule: Any) -> Value:
-        if isinstance(base, _TargetNamespace):
-            return _TargetRef(name)
-        if isinstance(base, _TargetRef):
-            return self.target_attr(base.name, name, rule)
         if isinstance(base, dict):
             if name not in base:
-                raise self.error(f"object has no attribute {name!r}", rule)
+                raise self.error(f"object has no attribute {quote(name)}", rule)
             return base[name]
         raise self.error(f"cannot read .{name} of a {type_name(base)}", rule)
 
@@ -338,14 +387,14 @@ class Evaluation:
                 else index_rule.index
             )
         if isinstance(base, list):
-            i = int(self._num(key, rule))
+            i = to_int(key, "an index")
             if not 0 <= i < len(base):
                 raise self.error(f"index {i} out of range for a list of {len(base)}", rule)
             return base[i]
         if isinstance(base, dict):
             key = to_string(key)
             if key not in base:
-                raise self.error(f"no key {key!r} in object", rule)
+                raise self.error(f"no key {quote(key)} in object", rule)
             return base[key]
         raise self.error(f"cannot index a {type_name(base)}", rule)
 
@@ -358,7 +407,7 @@ class Evaluation:
             for get in rule.attr_splat.get_attrs:
                 value = self._getattr(value, get.identifier.serialize(), rule)
             out.append(value)
-        return out
+        return self.built(out, rule)
 
     def _for(self, rule: Any, scope: Mapping[str, Value]) -> Value:
         intro = rule.for_intro
@@ -386,9 +435,11 @@ class Evaluation:
             v = self.expr(rule.value_expr, local)
             if rule.ellipsis is not None:
                 object_out.setdefault(k, []).append(v)
+            elif k in object_out:
+                raise self.error(f"duplicate key {quote(k)} in a for expression", rule)
             else:
                 object_out[k] = v
-        return tuple_out if isinstance(rule, FE.ForTupleExprRule) else object_out
+        return self.built(tuple_out if isinstance(rule, FE.ForTupleExprRule) else object_out, rule)
 
     def _key(self, rule: Any, scope: Mapping[str, Value]) -> str:
         if isinstance(rule, C.ObjectElemKeyExpressionRule):
@@ -397,13 +448,14 @@ class Evaluation:
         if isinstance(value, L.IdentifierRule):
             return value.serialize()
         if isinstance(value, S.StringRule):
-            return to_string(self._template(value.string_parts, scope))
-        return to_string(value.serialize())
+            return to_string(templates.template(self, value.string_parts, scope))
+        return to_string(self.expr(value, scope))
 
+    # ---- function calls ----
     def _call(self, rule: FN.FunctionCallRule, scope: Mapping[str, Value]) -> Value:
         name = ".".join(i.serialize() for i in rule.identifiers)
         arg_rules = list(rule.arguments.arguments) if rule.arguments is not None else []
-        if name in ("try", "can"):
+        if name in ("try", "can") and name not in self.bake.functions:
             return self._try(name, arg_rules, scope, rule)
         args = [self.expr(a, scope) for a in arg_rules]
         if rule.arguments is not None and rule.arguments.has_ellipsis and args:
@@ -415,18 +467,38 @@ class Evaluation:
             return self._user_function(self.bake.functions[name], args, rule)
         fn = FUNCTIONS.get(name)
         if fn is None:
-            raise self.error(f"unknown function {name!r}", rule)
+            if name in UNSUPPORTED:
+                raise self.error(
+                    f"function {name!r} is not supported by rocm-assets: {UNSUPPORTED[name]}", rule
+                )
+            raise self.error(f"unknown function {quote(name)}", rule)
+        signature = _SIGNATURES[name]
+        if signature is not None:
+            try:
+                signature.bind(*args)
+            except TypeError:
+                raise self.error(
+                    f"{name}(): wrong number of arguments ({len(args)})", rule
+                ) from None
         try:
-            return fn(*args)
-        except BakeError:
-            raise
-        except (ValueError, TypeError, KeyError, IndexError, re.error) as exc:
-            raise self.error(f"{name}(): {exc}", rule) from None
+            result = fn(*args)
+            if isinstance(result, int | float) and not isinstance(result, bool):
+                result = number(result)
+        except LimitError as exc:
+            raise BakeLimitError(str(exc), path=self.bake.path, line=line_of(rule)) from None
+        except (*_OPERAND_ERRORS, RecursionError) as exc:
+            message = str(exc) if isinstance(exc, ValueError) else f"{type(exc).__name__}: {exc}"
+            message = quote(message, 200)[1:-1]
+            prefix = "" if message.startswith(f"{name}()") else f"{name}(): "
+            raise self.error(f"{prefix}{message}", rule) from None
+        return self.built(result, rule)
 
     def _try(self, name: str, args: list[Any], scope: Mapping[str, Value], rule: Any) -> Value:
         for arg in args:
             try:
                 value = self.expr(arg, scope)
+            except BakeLimitError:
+                raise
             except BakeError:
                 continue
             return True if name == "can" else value
@@ -435,6 +507,9 @@ class Evaluation:
         raise self.error("try(): no argument could be evaluated", rule)
 
     def _user_function(self, block: Block, args: list[Value], rule: Any) -> Value:
+        if block.name in self._calls:
+            cycle = " -> ".join([*self._calls[self._calls.index(block.name) :], block.name])
+            raise self.error(f"function cycle: {cycle}", rule)
         params = self._param_names(block, "params")
         variadic = self._param_names(block, "variadic_params")
         if len(args) < len(params) or (len(args) > len(params) and not variadic):
@@ -447,101 +522,48 @@ class Evaluation:
         result = block.attrs.get("result")
         if result is None:
             raise self.error(f"function {block.name!r} has no result", line=block.line)
-        return self.expr(result.expression, local)
+        self._calls.append(block.name)
+        try:
+            with self.nested(rule):
+                return self.expr(result.expression, local)
+        finally:
+            self._calls.pop()
 
-    @staticmethod
-    def _param_names(block: Block, attr: str) -> list[str]:
+    def _param_names(self, block: Block, attr: str) -> list[str]:
         rule = block.attrs.get(attr)
         if rule is None:
             return []
         value = rule.expression.serialize()
-        return [str(v) for v in value] if isinstance(value, list) else [str(value)]
+        names = [str(v) for v in value] if isinstance(value, list) else [str(value)]
+        for name in names:
+            if not name.replace("_", "a").replace("-", "a").isalnum():
+                raise self.error(
+                    f"function {block.name!r}: each of {attr} must be a name, not {quote(name)}",
+                    rule,
+                )
+        return names
 
-    # ---- strings ----
-    def _template(self, parts: Any, scope: Mapping[str, Value]) -> str:
-        return "".join(self._part(p, scope) for p in parts)
-
-    def _part(self, part: Any, scope: Mapping[str, Value]) -> str:
-        if isinstance(part, S.StringPartRule):
-            content = part.content
-            if isinstance(content, S.InterpolationRule):
-                value = self.expr(content.expression, scope)
-                try:
-                    return to_string(value)
-                except ValueError as exc:
-                    raise self.error(f"interpolation: {exc}", part) from None
-            if isinstance(content, D.TemplateIfRule | D.TemplateForRule):
-                return self._directive(content, scope)
-            return _unescape(str(content.value))
-        if isinstance(part, D.TemplateIfRule | D.TemplateForRule):
-            return self._directive(part, scope)
-        raise self.error(f"unsupported string part {type(part).__name__}", part)
-
-    def _directive(self, rule: Any, scope: Mapping[str, Value]) -> str:
-        children = [c for c in rule.children if c is not None]
-        if isinstance(rule, D.TemplateIfRule):
-            start = children[0]
-            body, otherwise, current = [], [], None
-            current = body
-            for child in children[1:]:
-                if isinstance(child, D.TemplateElseRule):
-                    current = otherwise
-                elif not isinstance(child, D.TemplateEndifRule):
-                    current.append(child)
-            chosen = body if self.truth(self.expr(start.condition, scope), rule) else otherwise
-            return "".join(self._part(p, scope) for p in chosen)
-        start = children[0]
-        collection = self.expr(start.collection, scope)
-        items = (
-            list(collection.items())
-            if isinstance(collection, dict)
-            else list(enumerate(collection))
-        )
-        body = [c for c in children[1:] if not isinstance(c, D.TemplateEndforRule)]
-        value_name = start.iterator.serialize()
-        key_name = start.key_iterator.serialize() if start.key_iterator else None
-        out = []
-        for key, item in items:
-            local = {**scope, value_name: item, **({key_name: key} if key_name else {})}
-            out.append("".join(self._part(p, local) for p in body))
-        return "".join(out)
-
-    def _heredoc(self, rule: Any, scope: Mapping[str, Value]) -> str:
-        raw = str(rule.heredoc if hasattr(rule, "heredoc") else rule.serialize())
-        header, _, rest = raw.partition("\n")
-        marker = header.lstrip("<-").strip()
-        body = rest.rstrip("\n")
-        body = body[: body.rfind("\n") + 1] if body.endswith(marker) else body
-        lines = body.split("\n")
-        if header.startswith("<<-"):
-            indents = [len(x) - len(x.lstrip()) for x in lines if x.strip()]
-            cut = min(indents, default=0)
-            lines = [x[cut:] for x in lines]
-        # Re-read the body as a quoted template so interpolation works the same as in strings.
-        escaped = "\n".join(lines).replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
-        sub = parse(f'x = "{escaped}"\n', self.bake.path)
-        attr = next(c for c in sub.body.children if isinstance(c, B.AttributeRule))
-        return self.expr(attr.expression, scope)
-
-
-def _unescape(text: str) -> str:
-    out: list[str] = []
-    chars = iter(range(len(text)))
-    for i in chars:
-        ch = text[i]
-        if text.startswith("$${", i) or text.startswith("%%{", i):
-            out.append(text[i + 1 : i + 3])
-            next(chars)
-            next(chars)
-        elif ch == "\\" and i + 1 < len(text):
-            nxt = text[i + 1]
-            if nxt == "u" and i + 5 < len(text):
-                out.append(chr(int(text[i + 2 : i + 6], 16)))
-                for _ in range(5):
-                    next(chars)
-                continue
-            out.append(_ESCAPES.get(nxt, "\\" + nxt))
-            next(chars)
-        else:
-            out.append(ch)
-    return "".join(out)
+    # Each expression rule python-hcl2 makes, and the method that evaluates it.
+    _KINDS: ClassVar[dict[type, Callable[..., Value]]] = {
+        E.ConditionalRule: _conditional,
+        E.BinaryOpRule: _binary,
+        E.UnaryOpRule: _unary,
+        L.IdentifierRule: _name,
+        L.IntLitRule: _number,
+        L.FloatLitRule: _number,
+        L.LiteralValueRule: _literal,
+        S.StringRule: _string,
+        S.HeredocTemplateRule: _heredoc,
+        S.HeredocTrimTemplateRule: _heredoc,
+        C.TupleRule: _tuple,
+        C.ObjectRule: _object,
+        FN.FunctionCallRule: _call,
+        IX.GetAttrExprTermRule: _getattr_rule,
+        IX.IndexExprTermRule: _index_rule,
+        IX.AttrSplatExprTermRule: _splat,
+        IX.FullSplatExprTermRule: _splat,
+        FE.ForTupleExprRule: _for,
+        FE.ForObjectExprRule: _for,
+        D.TemplateIfRule: _directive,
+        D.TemplateForRule: _directive,
+    }

@@ -1,91 +1,58 @@
-"""The subset of bake's HCL stdlib (buildx `bake/hclparser/stdlib.go`) that evaluates offline.
+"""bake's HCL stdlib (buildx `bake/hclparser/stdlib.go`) as it evaluates offline.
 
-Each function takes already evaluated Python values (str, bool, int, float, None, list, dict) and
-raises ValueError with a short reason; the evaluator adds the file and line. `try` and `can` are
-not here: they need their arguments unevaluated, so the evaluator implements them.
+Each function takes already evaluated values (see `values`) and raises ValueError with a short
+reason; the evaluator adds the file and line, and sizes and charges what comes back. `try` and
+`can` are not here: they need their arguments unevaluated, so the evaluator implements them.
+Numbers and collections follow go-cty; strings and time are in `stdlib_text`, `stdlib_time`.
 """
 
+import csv
+import ipaddress
+import itertools
 import json
 import math
 import os
-import re
 from collections.abc import Callable
-from datetime import UTC, datetime
 from typing import Any
+
+from rocm_assets.core.bake.limits import (
+    MAX_COLLECTION,
+    MAX_STRING,
+    check_length,
+    expanded_size,
+    quote,
+)
+from rocm_assets.core.bake.stdlib_text import TEXT_FUNCTIONS, as_list
+from rocm_assets.core.bake.stdlib_time import TIME_FUNCTIONS
+from rocm_assets.core.bake.values import (
+    canonical,
+    equal,
+    number,
+    parse_number,
+    to_bool,
+    to_int,
+    to_number,
+    to_string,
+    type_name,
+)
 
 Value = Any
 
-# What Go's strconv.ParseBool reads, as bake applies it to an env override of a bool variable.
-PARSE_BOOL_TRUE = frozenset({"1", "t", "T", "TRUE", "true", "True"})
-PARSE_BOOL_FALSE = frozenset({"0", "f", "F", "FALSE", "false", "False"})
+# go-cty's range() refuses more than this many values, so bake does too.
+MAX_RANGE = 1024
 
-
-def to_string(value: Value) -> str:
-    """Convert a primitive the way go-cty does for interpolation and string arguments."""
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, str):
-        return value
-    if isinstance(value, int):
-        return str(value)
-    if isinstance(value, float):
-        return str(int(value)) if value.is_integer() else repr(value)
-    if value is None:
-        raise ValueError("a null value cannot be used as a string")
-    raise ValueError(f"a {type_name(value)} cannot be used as a string")
-
-
-def to_number(value: Value) -> int | float:
-    if isinstance(value, bool):
-        raise ValueError("a bool cannot be used as a number")
-    if isinstance(value, int | float):
-        return value
-    if isinstance(value, str):
-        try:
-            number = float(value)
-        except ValueError:
-            raise ValueError(f"{value!r} is not a number") from None
-        return int(number) if number.is_integer() else number
-    raise ValueError(f"a {type_name(value)} cannot be used as a number")
-
-
-def to_bool(value: Value) -> bool:
-    """HCL's bool conversion: only the strings "true"/"1" and "false"/"0" convert."""
-    if isinstance(value, bool):
-        return value
-    if value is None:
-        raise ValueError("null condition")
-    if isinstance(value, str) and value in ("true", "1"):
-        return True
-    if isinstance(value, str) and value in ("false", "0"):
-        return False
-    raise ValueError(f"incorrect condition type: {value!r} is not a bool")
-
-
-def type_name(value: Value) -> str:
-    if value is None:
-        return "null"
-    if isinstance(value, bool):
-        return "bool"
-    if isinstance(value, int | float):
-        return "number"
-    if isinstance(value, str):
-        return "string"
-    if isinstance(value, list):
-        return "tuple"
-    if isinstance(value, dict):
-        return "object"
-    return type(value).__name__
-
-
-def _normal(number: float) -> int | float:
-    return int(number) if float(number).is_integer() else number
-
-
-def _list(value: Value, fn: str) -> list:
-    if not isinstance(value, list):
-        raise ValueError(f"{fn}() wants a list, got {type_name(value)}")
-    return value
+# In bake's stdlib but not evaluated here: each needs something an offline check cannot have
+# or should not do (secrets, bytes capsules, type expressions, semver constraints).
+UNSUPPORTED = {
+    "bcrypt": "its salt is random, so the value would differ from bake's",
+    "rsadecrypt": "it needs a private key",
+    "byteslen": "bake's bytes values have no equivalent here",
+    "bytesslice": "bake's bytes values have no equivalent here",
+    "convert": "it takes a type expression",
+    "semvercmp": "it needs Go semver constraint semantics",
+    "formattimestamp": "it is not in the buildx release this evaluator follows",
+    "unixtimestampparse": "it is not in the buildx release this evaluator follows",
+}
 
 
 def _dict(value: Value, fn: str) -> dict:
@@ -94,199 +61,322 @@ def _dict(value: Value, fn: str) -> dict:
     return value
 
 
-def _format(fmt: str, *args: Value) -> str:
-    """Go-style format with the verbs bake files use: %s %d %v %q %f %%."""
-    out: list[str] = []
-    it = iter(args)
-    i = 0
-    while i < len(fmt):
-        ch = fmt[i]
-        if ch != "%":
-            out.append(ch)
-            i += 1
-            continue
-        verb = fmt[i + 1 : i + 2]
-        i += 2
-        if verb == "%":
-            out.append("%")
-            continue
-        try:
-            arg = next(it)
-        except StopIteration:
-            raise ValueError("format(): not enough arguments for the format string") from None
-        if verb in ("s", "v"):
-            out.append(to_string(arg))
-        elif verb == "d":
-            out.append(str(int(to_number(arg))))
-        elif verb == "f":
-            out.append(f"{float(to_number(arg)):f}")
-        elif verb == "q":
-            out.append(json.dumps(to_string(arg)))
-        else:
-            raise ValueError(f"format(): unsupported verb %{verb}")
-    return "".join(out)
-
-
-def _replace(s: Value, old: Value, new: Value) -> str:
-    s, old, new = to_string(s), to_string(old), to_string(new)
-    if len(old) > 1 and old.startswith("/") and old.endswith("/"):
-        return re.sub(old[1:-1], _go_repl(new), s)
-    return s.replace(old, new)
-
-
-def _go_repl(repl: str) -> str:
-    # Go writes capture groups as $1 or ${1}; Python as \1.
-    return re.sub(r"\$\{?(\d+)\}?", r"\\\1", repl)
-
-
-def _sanitize(s: Value) -> str:
-    return re.sub(r"[^A-Za-z0-9_]", "_", to_string(s))
+def _range(*args: Value) -> list:
+    """go-cty's range: (limit), (start, limit) or (start, limit, step); at most 1024 values."""
+    nums = [to_number(a) for a in args]
+    if len(nums) == 1:
+        start, stop, step = 0, nums[0], -1 if nums[0] < 0 else 1
+    elif len(nums) == 2:
+        start, stop = nums
+        step = -1 if stop < start else 1
+    elif len(nums) == 3:
+        start, stop, step = nums
+    else:
+        raise ValueError("range() takes one, two or three numbers")
+    if step == 0:
+        raise ValueError("range(): step must not be zero")
+    if (step < 0 and stop > start) or (step > 0 and stop < start):
+        raise ValueError("range(): the step goes away from the limit")
+    count = max(0, math.ceil((stop - start) / step))
+    if count > MAX_RANGE:
+        # bake's own error (go-cty), so try() catches it as it would in bake.
+        raise ValueError(f"range() would make {count} elements, over the limit of {MAX_RANGE}")
+    return [number(start + i * step) for i in range(count)]
 
 
 def _flatten(value: Value) -> list:
+    expanded_size(value, MAX_COLLECTION, "flatten()")
     out: list = []
-    for item in _list(value, "flatten"):
-        out.extend(_flatten(item) if isinstance(item, list) else [item])
+    stack = [iter(as_list(value, "flatten"))]
+    while stack:
+        item = next(stack[-1], _END)
+        if item is _END:
+            stack.pop()
+        elif isinstance(item, list):
+            stack.append(iter(item))
+        else:
+            out.append(item)
     return out
+
+
+_END = object()
 
 
 def _merge(*objects: Value) -> dict:
     out: dict = {}
     for obj in objects:
-        if obj is None:
-            continue
-        out.update(_dict(obj, "merge"))
+        if obj is not None:
+            out.update(_dict(obj, "merge"))
     return out
 
 
 def _lookup(obj: Value, key: Value, *default: Value) -> Value:
-    mapping = _dict(obj, "lookup")
-    key = to_string(key)
+    mapping, key = _dict(obj, "lookup"), to_string(key)
     if key in mapping:
         return mapping[key]
     if default:
         return default[0]
-    raise ValueError(f"lookup(): no key {key!r} and no default")
+    raise ValueError(f"lookup(): no key {quote(key)} and no default")
 
 
 def _element(lst: Value, index: Value) -> Value:
-    items = _list(lst, "element")
+    items, i = as_list(lst, "element"), to_int(index, "element()'s index")
     if not items:
-        raise ValueError("element(): empty list")
-    return items[int(to_number(index)) % len(items)]
+        raise ValueError("element(): cannot use element function with an empty list")
+    if i < 0:
+        raise ValueError("element(): cannot use element function with a negative index")
+    return items[i % len(items)]
 
 
 def _index(lst: Value, item: Value) -> int:
-    items = _list(lst, "index")
-    if item not in items:
-        raise ValueError(f"index(): {item!r} is not in the list")
-    return items.index(item)
+    for i, candidate in enumerate(as_list(lst, "index")):
+        if equal(candidate, item):
+            return i
+    raise ValueError("index(): item not found")
 
 
-def _coalesce(*values: Value) -> Value:
-    for v in values:
-        if v is not None and v != "":
-            return v
-    raise ValueError("coalesce(): no non-null, non-empty argument")
+def _distinct(items: list, fn: str) -> list:
+    seen: dict[str, Value] = {}
+    for item in items:
+        seen.setdefault(canonical(item, fn), item)
+    return list(seen.values())
 
 
-def _substr(s: Value, offset: Value, length: Value) -> str:
-    text, start, count = to_string(s), int(to_number(offset)), int(to_number(length))
-    if start < 0:
-        start += len(text)
-    return text[start:] if count < 0 else text[start : start + count]
+def _set_args(args: tuple, fn: str) -> list[list]:
+    if not args:
+        raise ValueError(f"{fn}() needs at least one set")
+    return [_distinct(as_list(a, fn), fn) for a in args]
 
 
-def _range(*args: Value) -> list:
-    nums = [to_number(a) for a in args]
-    start, stop, step = (
-        (0, nums[0], 1) if len(nums) == 1 else (*nums[:2], nums[2] if len(nums) > 2 else 1)
-    )
-    out = []
-    value = start
-    while (step > 0 and value < stop) or (step < 0 and value > stop):
-        out.append(_normal(value))
-        value += step
+def _setop(fn: str, keep: Callable[[list[set[str]], str], bool]) -> Callable[..., list]:
+    def op(*args: Value) -> list:
+        sets = _set_args(args, fn)
+        keys = [{canonical(x, fn) for x in s} for s in sets]
+        return _distinct([x for s in sets for x in s if keep(keys, canonical(x, fn))], fn)
+
+    return op
+
+
+def _setproduct(*args: Value) -> list:
+    sets = [as_list(a, "setproduct") for a in args]
+    check_length(math.prod(map(len, sets)), "setproduct()", MAX_COLLECTION, "elements")
+    return [list(combo) for combo in itertools.product(*sets)]
+
+
+def _chunklist(lst: Value, size: Value) -> list:
+    items, n = as_list(lst, "chunklist"), to_int(size, "chunklist()'s size")
+    if n < 0:
+        raise ValueError("chunklist(): the size must not be negative")
+    return [items] if n == 0 else [items[i : i + n] for i in range(0, len(items), n)]
+
+
+def _csvdecode(text: Value) -> list:
+    rows = list(itertools.islice(csv.reader(to_string(text).splitlines()), MAX_COLLECTION + 2))
+    if not rows:
+        raise ValueError("csvdecode(): missing header line")
+    check_length(len(rows) - 1, "csvdecode()", MAX_COLLECTION, "rows")
+    header = rows[0]
+    for row in rows[1:]:
+        if len(row) != len(header):
+            raise ValueError("csvdecode(): a row does not have as many fields as the header")
+    return [dict(zip(header, row, strict=True)) for row in rows[1:]]
+
+
+def _jsonencode(value: Value) -> str:
+    expanded_size(value, MAX_STRING, "jsonencode()")
+    return json.dumps(value, separators=(",", ":"), ensure_ascii=False)
+
+
+def _jsondecode(text: Value) -> Value:
+    try:
+        value = json.loads(
+            to_string(text),
+            parse_constant=_refuse_constant,
+            parse_int=parse_number,
+            parse_float=parse_number,
+        )
+    except RecursionError:
+        raise ValueError("jsondecode(): the JSON nests too deep") from None
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"jsondecode(): {exc.msg} at character {exc.pos}") from None
+    return value
+
+
+def _refuse_constant(name: str) -> None:
+    raise ValueError(f"jsondecode(): {name} is not JSON")
+
+
+def _parseint(text: Value, base: Value) -> int:
+    b = to_int(base, "parseint()'s base")
+    if not 2 <= b <= 62:
+        raise ValueError("parseint(): the base must be between 2 and 62")
+    raw = to_string(text)
+    if len(raw) > 1100:
+        raise ValueError("parseint(): number out of range")
+    try:
+        return number(int(raw, b))
+    except ValueError:
+        raise ValueError(f"parseint(): {quote(raw)} is not a base-{b} number") from None
+
+
+def _pow(base: Value, exponent: Value) -> int | float:
+    a, b = to_number(base), to_number(exponent)
+    if isinstance(a, int) and isinstance(b, int) and b > 0 and abs(a) > 1:
+        # Refuse before computing: 10 ** 10**9 would take minutes as an exact int.
+        if b * math.log2(abs(a)) > 1030:
+            raise ValueError("pow(): number out of range")
+    return number(math.pow(a, b) if isinstance(b, float) or b < 0 else a**b)
+
+
+def _cidr(prefix: Value) -> ipaddress.IPv4Network | ipaddress.IPv6Network:
+    try:
+        return ipaddress.ip_network(to_string(prefix), strict=False)
+    except ValueError:
+        raise ValueError(f"{quote(to_string(prefix))} is not a CIDR prefix") from None
+
+
+def _cidrhost(prefix: Value, hostnum: Value) -> str:
+    net, n = _cidr(prefix), to_int(hostnum, "cidrhost()'s host number")
+    if not -net.num_addresses <= n < net.num_addresses:
+        raise ValueError(f"cidrhost(): prefix has no host number {n}")
+    return str(net[n])
+
+
+def _cidrsubnet(prefix: Value, newbits: Value, netnum: Value) -> str:
+    net = _cidr(prefix)
+    bits, num = to_int(newbits, "cidrsubnet()'s newbits"), to_int(netnum, "cidrsubnet()'s netnum")
+    if not 0 <= bits <= net.max_prefixlen - net.prefixlen or not 0 <= num < (1 << bits):
+        raise ValueError("cidrsubnet(): newbits or netnum out of range for the prefix")
+    size = 1 << (net.max_prefixlen - net.prefixlen - bits)
+    first = int(net.network_address) + num * size
+    return str(ipaddress.ip_network((first, net.prefixlen + bits)))
+
+
+def _cidrsubnets(prefix: Value, *newbits: Value) -> list:
+    net = _cidr(prefix)
+    out, cursor = [], int(net.network_address)
+    for bits in (to_int(b, "cidrsubnets()'s newbits") for b in newbits):
+        length = net.prefixlen + bits
+        if not net.prefixlen <= length <= net.max_prefixlen:
+            raise ValueError("cidrsubnets(): newbits out of range for the prefix")
+        size = 1 << (net.max_prefixlen - length)
+        cursor = (cursor + size - 1) // size * size
+        subnet = ipaddress.ip_network((cursor, length))
+        if not subnet.subnet_of(net):  # type: ignore[arg-type]
+            raise ValueError("cidrsubnets(): not enough room in the prefix")
+        out.append(str(subnet))
+        cursor += size
     return out
 
 
-def _homedir() -> str:
-    return os.path.expanduser("~")
+def _log(n: Value, base: Value) -> float:
+    try:
+        return number(math.log(to_number(n), to_number(base)))
+    except (ValueError, ZeroDivisionError):
+        raise ValueError("log(): the number and the base must be positive") from None
+
+
+def _sort(lst: Value) -> list:
+    return sorted(to_string(x) for x in as_list(lst, "sort"))
+
+
+def _coalesce(*values: Value) -> Value:
+    for value in values:
+        if value is not None and value != "":
+            return value
+    raise ValueError("coalesce(): no non-null, non-empty argument")
+
+
+def _concat(*lists: Value) -> list:
+    parts = [as_list(lst, "concat") for lst in lists]
+    check_length(sum(map(len, parts)), "concat()", MAX_COLLECTION, "elements")
+    return [x for part in parts for x in part]
+
+
+def _slice(items: list, start: Value, end: Value) -> list:
+    a, b = to_int(start, "slice()'s start"), to_int(end, "slice()'s end")
+    if not 0 <= a <= b <= len(items):
+        raise ValueError(f"slice(): indexes {a} and {b} are outside a list of {len(items)}")
+    return items[a:b]
 
 
 FUNCTIONS: dict[str, Callable[..., Value]] = {
-    "abs": lambda n: abs(to_number(n)),
-    "add": lambda a, b: _normal(to_number(a) + to_number(b)),
+    **TEXT_FUNCTIONS,
+    **TIME_FUNCTIONS,
+    "absolute": lambda n: abs(to_number(n)),
+    "add": lambda a, b: number(to_number(a) + to_number(b)),
     "and": lambda a, b: to_bool(a) and to_bool(b),
-    "basename": lambda s: os.path.basename(to_string(s)),
-    "ceil": lambda n: math.ceil(to_number(n)),
-    "chomp": lambda s: to_string(s).rstrip("\r\n"),
+    "basename": lambda s: os.path.basename(to_string(s).rstrip("/")) or "/",
+    "ceil": lambda n: number(math.ceil(to_number(n))),
+    "chunklist": _chunklist,
+    "cidrhost": _cidrhost,
+    "cidrnetmask": lambda p: str(_cidr(p).netmask),
+    "cidrsubnet": _cidrsubnet,
+    "cidrsubnets": _cidrsubnets,
     "coalesce": _coalesce,
-    "coalescelist": lambda *ls: next((x for x in ls if _list(x, "coalescelist")), []),
-    "compact": lambda lst: [x for x in _list(lst, "compact") if x not in ("", None)],
-    "concat": lambda *ls: [x for lst in ls for x in _list(lst, "concat")],
-    "contains": lambda lst, item: item in _list(lst, "contains"),
-    "dirname": lambda s: os.path.dirname(to_string(s)),
-    "distinct": lambda lst: list(dict.fromkeys(_list(lst, "distinct"))),
-    "divide": lambda a, b: _normal(to_number(a) / to_number(b)),
+    "coalescelist": lambda *ls: next((x for x in ls if as_list(x, "coalescelist")), []),
+    "compact": lambda lst: [x for x in as_list(lst, "compact") if x not in ("", None)],
+    "concat": _concat,
+    "contains": lambda lst, item: any(equal(x, item) for x in as_list(lst, "contains")),
+    "csvdecode": _csvdecode,
+    "dirname": lambda s: os.path.dirname(to_string(s).rstrip("/")) or ".",
+    "distinct": lambda lst: _distinct(as_list(lst, "distinct"), "distinct"),
+    "divide": lambda a, b: number(to_number(a) / to_number(b)),
     "element": _element,
-    "equal": lambda a, b: a == b and type_name(a) == type_name(b),
+    "equal": equal,
     "flatten": _flatten,
-    "floor": lambda n: math.floor(to_number(n)),
-    "format": lambda fmt, *args: _format(to_string(fmt), *args),
-    "formatlist": lambda fmt, lst: [_format(to_string(fmt), x) for x in _list(lst, "formatlist")],
+    "floor": lambda n: number(math.floor(to_number(n))),
     "greaterthan": lambda a, b: to_number(a) > to_number(b),
     "greaterthanorequalto": lambda a, b: to_number(a) >= to_number(b),
-    "hasindex": lambda c, i: (i in c) if isinstance(c, dict) else 0 <= int(to_number(i)) < len(c),
-    "homedir": _homedir,
+    "hasindex": lambda c, i: (
+        to_string(i) in c
+        if isinstance(c, dict)
+        else 0 <= to_int(i, "hasindex()'s index") < len(as_list(c, "hasindex"))
+    ),
+    "homedir": lambda: os.path.expanduser("~"),
     "index": _index,
     "indexof": _index,
-    "join": lambda sep, *ls: to_string(sep).join(
-        to_string(x) for lst in ls for x in _list(lst, "join")
-    ),
-    "jsondecode": lambda s: json.loads(to_string(s)),
-    "jsonencode": lambda v: json.dumps(v, separators=(",", ":")),
+    "int": lambda n: number(math.trunc(to_number(n))),
+    "jsondecode": _jsondecode,
+    "jsonencode": _jsonencode,
     "keys": lambda obj: sorted(_dict(obj, "keys")),
     "length": lambda v: len(v) if isinstance(v, list | dict | str) else len(to_string(v)),
     "lessthan": lambda a, b: to_number(a) < to_number(b),
     "lessthanorequalto": lambda a, b: to_number(a) <= to_number(b),
+    "log": _log,
     "lookup": _lookup,
-    "lower": lambda s: to_string(s).lower(),
     "max": lambda *ns: max(to_number(n) for n in ns),
     "merge": _merge,
     "min": lambda *ns: min(to_number(n) for n in ns),
-    "modulo": lambda a, b: _normal(math.fmod(to_number(a), to_number(b))),
-    "multiply": lambda a, b: _normal(to_number(a) * to_number(b)),
+    "modulo": lambda a, b: number(math.fmod(to_number(a), to_number(b))),
+    "multiply": lambda a, b: number(to_number(a) * to_number(b)),
     "negate": lambda n: -to_number(n),
     "not": lambda b: not to_bool(b),
-    "notequal": lambda a, b: not (a == b and type_name(a) == type_name(b)),
+    "notequal": lambda a, b: not equal(a, b),
     "or": lambda a, b: to_bool(a) or to_bool(b),
-    "parseint": lambda s, base: int(to_string(s), int(to_number(base))),
-    "pow": lambda a, b: _normal(to_number(a) ** to_number(b)),
+    "parseint": _parseint,
+    "pow": _pow,
     "range": _range,
-    "regex_replace": lambda s, pat, repl: re.sub(
-        to_string(pat), _go_repl(to_string(repl)), to_string(s)
-    ),
-    "replace": _replace,
     "reverse": lambda v: list(reversed(v)) if isinstance(v, list) else to_string(v)[::-1],
-    "reverselist": lambda lst: list(reversed(_list(lst, "reverselist"))),
-    "sanitize": _sanitize,
+    "reverselist": lambda lst: list(reversed(as_list(lst, "reverselist"))),
+    "sethaselement": lambda s, x: any(equal(y, x) for y in as_list(s, "sethaselement")),
+    "setintersection": _setop("setintersection", lambda keys, k: all(k in s for s in keys)),
+    "setproduct": _setproduct,
+    "setsubtract": lambda a, b: [
+        x
+        for x in _distinct(as_list(a, "setsubtract"), "setsubtract")
+        if not any(equal(x, y) for y in as_list(b, "setsubtract"))
+    ],
+    "setsymmetricdifference": _setop(
+        "setsymmetricdifference", lambda keys, k: sum(k in s for s in keys) % 2 == 1
+    ),
+    "setunion": _setop("setunion", lambda keys, k: True),
     "signum": lambda n: (to_number(n) > 0) - (to_number(n) < 0),
-    "slice": lambda lst, a, b: _list(lst, "slice")[int(to_number(a)) : int(to_number(b))],
-    "sort": lambda lst: sorted(to_string(x) for x in _list(lst, "sort")),
-    "split": lambda sep, s: to_string(s).split(to_string(sep)),
-    "strlen": lambda s: len(to_string(s)),
-    "substr": _substr,
-    "subtract": lambda a, b: _normal(to_number(a) - to_number(b)),
-    "timestamp": lambda: datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
-    "title": lambda s: to_string(s).title(),
-    "trim": lambda s, cut: to_string(s).strip(to_string(cut)),
-    "trimprefix": lambda s, p: to_string(s).removeprefix(to_string(p)),
-    "trimspace": lambda s: to_string(s).strip(),
-    "trimsuffix": lambda s, p: to_string(s).removesuffix(to_string(p)),
-    "upper": lambda s: to_string(s).upper(),
+    "slice": lambda lst, a, b: _slice(as_list(lst, "slice"), a, b),
+    "sort": _sort,
+    "subtract": lambda a, b: number(to_number(a) - to_number(b)),
     "values": lambda obj: [v for _, v in sorted(_dict(obj, "values").items())],
     "zipmap": lambda ks, vs: dict(
-        zip((to_string(k) for k in _list(ks, "zipmap")), _list(vs, "zipmap"), strict=True)
+        zip((to_string(k) for k in as_list(ks, "zipmap")), as_list(vs, "zipmap"), strict=True)
     ),
 }

@@ -6,16 +6,20 @@ Which targets are per-arch follows from whether their tags change with the arch 
 """
 
 import os
+import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
 from typing import Any
 
-from rocm_assets.core.bake.errors import BakeError
+from rocm_assets.core.bake import blocks
+from rocm_assets.core.bake.errors import BakeError, boundary
 from rocm_assets.core.bake.evaluate import Evaluation
-from rocm_assets.core.bake.functions import to_string
-from rocm_assets.core.bake.parse import BakeFile, load_bake
+from rocm_assets.core.bake.limits import MAX_ARCHES, MAX_DEPTH, Budget, quote
+from rocm_assets.core.bake.names import arch_problem, dagster_problems
+from rocm_assets.core.bake.parse import BakeFile, line_of, load_bake
+from rocm_assets.core.bake.values import to_string
 from rocm_assets.core.constants import (
     ARCH_LIST_ATTR,
     ARCH_VAR,
@@ -25,6 +29,14 @@ from rocm_assets.core.constants import (
 
 TARGET_PREFIX = "target:"
 IMAGE_PREFIX = "docker-image://"
+# An image reference as Docker's reference grammar reads it: [host[:port]/]path[:tag][@digest],
+# path components lower case. A tag bake would refuse (e.g. `reg/app:` from an empty variable)
+# is refused here, with its target and line, before any build or registry lookup uses it.
+_REFERENCE = re.compile(
+    r"(?:(?:[a-zA-Z0-9.-]+|\[[0-9a-fA-F:.]+\])(?::[0-9]+)?/)?"
+    r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*(?:/[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*)*"
+    r"(?::[A-Za-z0-9_][A-Za-z0-9_.-]{0,127})?(?:@sha256:[a-f0-9]{64})?"
+)
 
 
 def _strings(value: Any, what: str, ev: Evaluation, line: int) -> tuple[str, ...]:
@@ -32,7 +44,10 @@ def _strings(value: Any, what: str, ev: Evaluation, line: int) -> tuple[str, ...
         return ()
     if not isinstance(value, list):
         raise ev.error(f"{what} must be a list", line=line)
-    return tuple(to_string(v) for v in value)
+    try:
+        return tuple(to_string(v) for v in value)
+    except ValueError as exc:
+        raise ev.error(f"{what}: {exc}", line=line) from None
 
 
 def _string_map(value: Any, what: str, ev: Evaluation, line: int) -> dict[str, str]:
@@ -40,8 +55,26 @@ def _string_map(value: Any, what: str, ev: Evaluation, line: int) -> dict[str, s
         return {}
     if not isinstance(value, dict):
         raise ev.error(f"{what} must be an object", line=line)
-    # Bake drops null args so the Dockerfile's own default applies.
-    return {k: to_string(v) for k, v in value.items() if v is not None}
+    try:
+        # Bake drops null args so the Dockerfile's own default applies.
+        return {k: to_string(v) for k, v in value.items() if v is not None}
+    except ValueError as exc:
+        raise ev.error(f"{what}: {exc}", line=line) from None
+
+
+def _string(value: Any, what: str, ev: Evaluation, line: int) -> str:
+    try:
+        return to_string(value)
+    except ValueError as exc:
+        raise ev.error(f"{what}: {exc}", line=line) from None
+
+
+def _tags(value: Any, what: str, ev: Evaluation, line: int) -> tuple[str, ...]:
+    tags = _strings(value, what, ev, line)
+    for tag in tags:
+        if not _REFERENCE.fullmatch(tag) or len(tag) > 255:
+            raise ev.error(f"{what}: {quote(tag)} is not a valid image reference", line=line)
+    return tags
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,6 +123,7 @@ class ResolvedBake:
     values: Mapping[str, Any]
     targets: Mapping[str, Target]
     groups: Mapping[str, tuple[str, ...]]
+    group_lines: Mapping[str, int] = field(default_factory=dict)
 
     def expand(self, names: Iterable[str]) -> tuple[str, ...]:
         """Group and target names to target names, in first-seen order; groups win, as in bake."""
@@ -98,14 +132,24 @@ class ResolvedBake:
         def visit(name: str, chain: tuple[str, ...]) -> None:
             if name in chain:
                 raise BakeError(f"group cycle: {' -> '.join([*chain, name])}", path=self.path)
+            if len(chain) > MAX_DEPTH:
+                raise BakeError(
+                    f"groups nest deeper than the limit of {MAX_DEPTH}",
+                    path=self.path,
+                    line=self.group_lines.get(chain[0]),
+                )
             if name in self.groups:
                 for member in self.groups[name]:
                     visit(member, (*chain, name))
             elif name in self.targets:
                 out[name] = None
             else:
-                where = f" (in group {chain[-1]!r})" if chain else ""
-                raise BakeError(f"no target or group named {name!r}{where}", path=self.path)
+                where = f" (in group {quote(chain[-1])})" if chain else ""
+                raise BakeError(
+                    f"no target or group named {quote(name)}{where}",
+                    path=self.path,
+                    line=self.group_lines.get(chain[-1]) if chain else None,
+                )
 
         for name in names:
             visit(name, ())
@@ -115,33 +159,44 @@ class ResolvedBake:
         return next((t.name for t in self.targets.values() if ref in t.tags), None)
 
 
-def resolve(bake: BakeFile, env: Mapping[str, str]) -> ResolvedBake:
-    """Evaluate a parsed bake file under `env` into targets and groups."""
-    ev = Evaluation(bake, dict(env))
+def resolve(bake: BakeFile, env: Mapping[str, str], budget: Budget | None = None) -> ResolvedBake:
+    """Evaluate a parsed bake file under `env` into targets and groups.
+
+    `budget` bounds the work; a graph shares one across its evaluations.
+    """
+    with boundary(bake.path):
+        return _resolve(Evaluation(bake, dict(env), budget))
+
+
+def _resolve(ev: Evaluation) -> ResolvedBake:
     values = {name: ev.value(name) for name in ev.names()}
     ev.validate()
     targets: dict[str, Target] = {}
-    for name, blocks in bake.targets.items():
-        line = blocks[0].line
-        attrs = ev.target(name)
-        where = f"target {name!r}"
+    for name, parts in ev.expansion.targets.items():
+        line = parts[0].block.line
+        attrs = blocks.target(ev, name)
+        where = f"target {quote(name)}"
+        stage = attrs.get("target")
         targets[name] = Target(
             name=name,
             line=line,
-            dockerfile=to_string(attrs.get("dockerfile") or "Dockerfile"),
-            context=to_string(attrs.get("context") or "."),
-            tags=_strings(attrs.get("tags"), f"{where}: tags", ev, line),
+            dockerfile=_string(
+                attrs.get("dockerfile") or "Dockerfile", f"{where}: dockerfile", ev, line
+            ),
+            context=_string(attrs.get("context") or ".", f"{where}: context", ev, line),
+            tags=_tags(attrs.get("tags"), f"{where}: tags", ev, line),
             args=_string_map(attrs.get("args"), f"{where}: args", ev, line),
             contexts=_string_map(attrs.get("contexts"), f"{where}: contexts", ev, line),
             platforms=_strings(attrs.get("platforms"), f"{where}: platforms", ev, line),
-            stage=to_string(attrs["target"]) if attrs.get("target") else None,
-            description=to_string(attrs.get("description") or ""),
+            stage=_string(stage, f"{where}: target", ev, line) if stage else None,
+            description=_string(attrs.get("description") or "", f"{where}: description", ev, line),
             labels=_string_map(attrs.get("labels"), f"{where}: labels", ev, line),
             cache_from=_strings(attrs.get("cache-from"), f"{where}: cache-from", ev, line),
             cache_to=_strings(attrs.get("cache-to"), f"{where}: cache-to", ev, line),
         )
-    groups = {name: tuple(ev.group(name)) for name in bake.groups}
-    return ResolvedBake(bake.path, dict(env), values, targets, groups)
+    groups = {name: tuple(blocks.group(ev, name)) for name in blocks.group_names(ev)}
+    lines = {name: blocks.group_line(ev, name) for name in groups}
+    return ResolvedBake(ev.bake.path, dict(ev.env), values, targets, groups, lines)
 
 
 @dataclass(frozen=True, slots=True)
@@ -167,14 +222,15 @@ class BakeGraph:
         self.base_env = {
             k: v for k, v in source.items() if k not in (ARCH_VAR, PUBLISHED_INPUTS_VAR)
         }
+        # One budget for every evaluation of the file, so a load is bounded as a whole.
+        self.budget = Budget()
         self._cache: dict[tuple[str, bool], ResolvedBake] = {}
+        with boundary(self.path):
+            self._load()
+
+    def _load(self) -> None:
         first = self.resolve(None)
-        raw = first.values.get(ARCH_LIST_ATTR)
-        if not isinstance(raw, list) or not raw or not all(isinstance(a, str) and a for a in raw):
-            raise BakeError(
-                f"{ARCH_LIST_ATTR} must be a non-empty list of GPU arch names", path=self.path
-            )
-        self.arches: tuple[str, ...] = tuple(dict.fromkeys(raw))
+        self.arches: tuple[str, ...] = self._arches(first.values.get(ARCH_LIST_ATTR))
         self.targets: tuple[str, ...] = ()
         names = [n for n in first.targets if not n.startswith("_")]
         deps: dict[str, set[str]] = {n: set() for n in names}
@@ -187,6 +243,45 @@ class BakeGraph:
         self.per_arch = frozenset(n for n in names if self._varies_with_arch(n))
         self.groups: dict[str, tuple[str, ...]] = {g: first.expand([g]) for g in first.groups}
         self.test_targets = self._test_targets(first.values.get(TEST_TARGETS_ATTR))
+        self._check_dagster_names(first)
+
+    def _line(self, name: str) -> int | None:
+        """The line that declares a top-level name (attribute or variable)."""
+        if name in self.bake.attrs:
+            return line_of(self.bake.attrs[name])
+        block = self.bake.variables.get(name)
+        return block.line if block else None
+
+    def _arches(self, raw: Any) -> tuple[str, ...]:
+        line = self._line(ARCH_LIST_ATTR)
+        if not isinstance(raw, list) or not raw or not all(isinstance(a, str) and a for a in raw):
+            raise BakeError(
+                f"{ARCH_LIST_ATTR} must be a non-empty list of GPU arch names",
+                path=self.path,
+                line=line,
+            )
+        arches = tuple(dict.fromkeys(raw))
+        if len(arches) > MAX_ARCHES:
+            raise BakeError(
+                f"{ARCH_LIST_ATTR} has {len(arches)} arches, over the limit of {MAX_ARCHES}",
+                path=self.path,
+                line=line,
+            )
+        for arch in arches:
+            problem = arch_problem(arch)
+            if problem:
+                raise BakeError(f"{ARCH_LIST_ATTR}: {problem}", path=self.path, line=line)
+        return arches
+
+    def _check_dagster_names(self, first: ResolvedBake) -> None:
+        assets = {t: first.targets[t].line for t in self.asset_targets}
+        tests = {t: first.targets[t].line for t in self.test_targets}
+        groups = {g: first.group_lines.get(g, 0) for g in self.groups}
+        grouped = {t for members in self.groups.values() for t in members}
+        problems = dagster_problems(assets, tests, groups, set(assets) - grouped)
+        if problems:
+            message, line = problems[0]
+            raise BakeError(message, path=self.path, line=line or None)
 
     def _test_targets(self, raw: Any) -> dict[str, str]:
         """Test targets -> the one target each tests (its only dependency)."""
@@ -195,9 +290,12 @@ class BakeGraph:
         if not isinstance(raw, list):
             raise BakeError(f"{TEST_TARGETS_ATTR} must be a list of target names", path=self.path)
         tests = {}
+        line = self._line(TEST_TARGETS_ATTR)
         for name in map(to_string, raw):
             if name not in self.deps:
-                raise BakeError(f"{TEST_TARGETS_ATTR}: no target named {name!r}", path=self.path)
+                raise BakeError(
+                    f"{TEST_TARGETS_ATTR}: no target named {quote(name)}", path=self.path, line=line
+                )
             if len(self.deps[name]) != 1:
                 raise BakeError(
                     f"{TEST_TARGETS_ATTR}: {name!r} must take exactly one target's image, not "
@@ -220,7 +318,16 @@ class BakeGraph:
             env = {**self.base_env, PUBLISHED_INPUTS_VAR: "1" if published else "0"}
             if arch:
                 env[ARCH_VAR] = arch
-            self._cache[key] = resolved = resolve(self.bake, env)
+            self._cache[key] = resolved = resolve(self.bake, env, self.budget)
+            first = next(iter(self._cache.values()))
+            if resolved.targets.keys() != first.targets.keys():
+                changed = sorted(resolved.targets.keys() ^ first.targets.keys())
+                raise BakeError(
+                    f"the targets differ between evaluations ({', '.join(map(quote, changed[:3]))}"
+                    f"{' ...' if len(changed) > 3 else ''} with {ARCH_VAR}={arch or 'default'}, "
+                    f"{PUBLISHED_INPUTS_VAR}={int(published)}): a matrix or name must not depend on them",
+                    path=self.path,
+                )
             default = resolved.values.get(ARCH_VAR)
             if not arch and isinstance(default, str) and default:
                 # The file's default arch is also a named arch: evaluate it once, not twice.
@@ -257,26 +364,30 @@ class BakeGraph:
         return any(self.arches[0] in tag for tag in next(iter(tags)))
 
     def _topological(self, names: list[str]) -> tuple[str, ...]:
+        """Dependencies first; iterative, so a long chain of targets cannot overflow the stack."""
         order: list[str] = []
         state: dict[str, int] = {}
-        path: list[str] = []
-
-        def visit(name: str) -> None:
-            if state.get(name) == 2:
-                return
-            if state.get(name) == 1:
-                cycle = [*path[path.index(name) :], name]
-                raise BakeError(f"dependency cycle: {' -> '.join(cycle)}", path=self.path)
-            state[name] = 1
-            path.append(name)
-            for dep in self.deps[name]:
-                visit(dep)
-            path.pop()
-            state[name] = 2
-            order.append(name)
-
-        for name in names:
-            visit(name)
+        for root in names:
+            if state.get(root):
+                continue
+            path: list[str] = [root]
+            pending: list[list[str]] = [list(self.deps[root])]
+            state[root] = 1
+            while path:
+                if pending[-1]:
+                    dep = pending[-1].pop(0)
+                    if state.get(dep) == 1:
+                        cycle = [*path[path.index(dep) :], dep]
+                        raise BakeError(f"dependency cycle: {' -> '.join(cycle)}", path=self.path)
+                    if not state.get(dep):
+                        state[dep] = 1
+                        path.append(dep)
+                        pending.append(list(self.deps[dep]))
+                else:
+                    done = path.pop()
+                    pending.pop()
+                    state[done] = 2
+                    order.append(done)
         return tuple(order)
 
     # ---- queries ----

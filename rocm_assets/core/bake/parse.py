@@ -10,9 +10,12 @@ from typing import Any
 
 import hcl2
 import lark
-from hcl2.rules import base as B
+from hcl2.rules import base as B, strings as S
+from hcl2.rules.abstract import LarkRule
 
 from rocm_assets.core.bake.errors import BakeError
+from rocm_assets.core.bake.limits import MAX_FILE_BYTES, MAX_PARSE_DEPTH, quote
+from rocm_assets.core.bake.names import label_problem
 
 _TOKEN_NAMES = {
     "RBRACE": "'}'",
@@ -49,10 +52,28 @@ class Block:
     blocks: list[B.BlockRule] = field(default_factory=list)
 
 
-def parse(text: str, path: Path) -> B.StartRule:
-    """Parse HCL text, turning lark's multi-line errors into one line with file:line."""
+def _deepest(tree: lark.Tree) -> tuple[int, int]:
+    """(depth, line) of the deepest node of a lark tree, walked without recursion."""
+    best, line = 0, 0
+    stack: list[tuple[Any, int]] = [(tree, 1)]
+    while stack:
+        node, depth = stack.pop()
+        if depth > best:
+            best, line = depth, getattr(node, "line", None) or line
+        if isinstance(node, lark.Tree):
+            stack.extend((child, depth + 1) for child in node.children)
+        if best > MAX_PARSE_DEPTH:
+            break
+    return best, line
+
+
+def parse(text: str, path: Path, first_line: int = 1) -> B.StartRule:
+    """Parse HCL text, turning lark's multi-line errors into one line with file:line.
+
+    `first_line` places text cut from a larger file (a heredoc body) at its line there.
+    """
     try:
-        return hcl2.parses(text)
+        tree = hcl2.parses_to_tree(text)
     except lark.exceptions.UnexpectedInput as exc:
         expected = sorted(getattr(exc, "expected", None) or getattr(exc, "allowed", None) or ())
         names = [_TOKEN_NAMES.get(t, t.lower()) for t in expected if t != "NL_OR_COMMENT"][:6]
@@ -60,19 +81,89 @@ def parse(text: str, path: Path) -> B.StartRule:
         got = (
             "end of file"
             if token is not None and token.type == "$END"
-            else repr(str(token or "")[:20])
+            else quote(str(token or ""), 20)
         )
         hint = f"; expected {', '.join(names)}" if names else ""
         raise BakeError(
-            f"syntax error at column {exc.column}: unexpected {got}{hint}", path=path, line=exc.line
+            f"syntax error at column {exc.column}: unexpected {got}{hint}",
+            path=path,
+            line=exc.line + first_line - 1,
         ) from None
-    except lark.exceptions.LarkError as exc:
-        raise BakeError(f"syntax error: {str(exc).splitlines()[0]}", path=path) from None
+    except Exception as exc:  # lark's other errors, and anything python-hcl2 raises
+        raise BakeError(f"syntax error: {_cause(exc)}", path=path) from None
+    depth, line = _deepest(tree)
+    if depth > MAX_PARSE_DEPTH:
+        raise BakeError(
+            f"expressions nest deeper than the limit of {MAX_PARSE_DEPTH} parse levels",
+            path=path,
+            line=line + first_line - 1,
+        )
+    try:
+        return hcl2.transform(tree)
+    except Exception as exc:  # e.g. a number literal Python cannot read
+        raise BakeError(f"cannot read the file: {_cause(exc)}", path=path) from None
+
+
+def _cause(exc: Exception) -> str:
+    text = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+    return f"{type(exc).__name__}: {quote(text, 120)[1:-1]}" if text else type(exc).__name__
+
+
+def heredoc_template(rule: Any, path: Path) -> Any:
+    """A heredoc's body, trimmed for `<<-`, as the expression of a quoted template.
+
+    Re-read as a quoted string with its backslashes and quotes escaped, interpolation works as
+    in strings while the text stays literal (heredocs take no backslash escapes). Done once, when
+    the file is parsed, so no parse runs deep inside an evaluation.
+    """
+    raw = str(rule.heredoc if hasattr(rule, "heredoc") else rule.serialize())
+    header, _, rest = raw.partition("\n")
+    marker = header.lstrip("<-").strip()
+    body = rest.rstrip("\n")
+    body = body[: body.rfind("\n") + 1] if body.endswith(marker) else body
+    lines = body.split("\n")
+    if header.startswith("<<-"):
+        indents = [len(x) - len(x.lstrip()) for x in lines if x.strip()]
+        cut = min(indents, default=0)
+        lines = [x[cut:] for x in lines]
+    escaped = "\n".join(lines).replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+    sub = parse(f'x = "{escaped}"\n', path, first_line=line_of(rule))
+    return next(c for c in sub.body.children if isinstance(c, B.AttributeRule)).expression
+
+
+def _heredocs(tree: Any, path: Path) -> dict[int, tuple[Any, Any]]:
+    """id(heredoc rule) -> (rule, its template), for every heredoc in the tree, found iteratively."""
+    found: dict[int, tuple[Any, Any]] = {}
+    stack = [tree]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, S.HeredocTemplateRule):
+            template = heredoc_template(node, path)
+            found[id(node)] = (node, template)
+            stack.append(template)
+        stack.extend(c for c in getattr(node, "children", None) or () if isinstance(c, LarkRule))
+    return found
 
 
 def label_of(rule: Any) -> str:
     text = rule.serialize()
     return text[1:-1] if isinstance(text, str) and text.startswith('"') else str(text)
+
+
+def _attributes(rule: Any, where: str, path: Path) -> dict[str, B.AttributeRule]:
+    """The attributes of a body; one set twice is an error, as it is in HCL."""
+    attrs: dict[str, B.AttributeRule] = {}
+    for child in rule.children:
+        if isinstance(child, B.AttributeRule):
+            name = child.identifier.serialize()
+            if name in attrs:
+                raise BakeError(
+                    f"{quote(name)} is set twice{where} (first at line {line_of(attrs[name])})",
+                    path=path,
+                    line=line_of(child),
+                )
+            attrs[name] = child
+    return attrs
 
 
 class BakeFile:
@@ -81,15 +172,14 @@ class BakeFile:
     def __init__(self, path: Path, text: str):
         self.path = path
         self.tree = parse(text, path)
-        self.attrs: dict[str, B.AttributeRule] = {}
+        self.heredocs = _heredocs(self.tree, path)
+        self.attrs = _attributes(self.tree.body, "", path)
         self.variables: dict[str, Block] = {}
         self.functions: dict[str, Block] = {}
         self.targets: dict[str, list[Block]] = {}
         self.groups: dict[str, list[Block]] = {}
         for child in self.tree.body.children:
-            if isinstance(child, B.AttributeRule):
-                self.attrs[child.identifier.serialize()] = child
-            elif isinstance(child, B.BlockRule):
+            if isinstance(child, B.BlockRule):
                 self._add_block(child)
 
     def _add_block(self, rule: B.BlockRule) -> None:
@@ -98,37 +188,65 @@ class BakeFile:
         if kind not in ("target", "group", "variable", "function"):
             # Bake ignores unknown blocks silently (there is no `locals`); an error says why.
             raise BakeError(
-                f"unknown block type {kind!r}: bake has target, group, variable and function "
+                f"unknown block type {quote(kind)}: bake has target, group, variable and function "
                 "(use top-level attributes instead of locals)",
                 path=self.path,
                 line=line,
             )
         if len(labels) != 2:
             raise BakeError(f"a {kind} block needs exactly one label", path=self.path, line=line)
-        block = Block(kind, labels[1], line)
+        problem = label_problem(kind, labels[1])
+        if problem:
+            raise BakeError(problem, path=self.path, line=line)
+        block = Block(
+            kind,
+            labels[1],
+            line,
+            _attributes(rule.body, f" in {kind} {quote(labels[1])}", self.path),
+        )
         for child in rule.body.children:
-            if isinstance(child, B.AttributeRule):
-                block.attrs[child.identifier.serialize()] = child
-            elif isinstance(child, B.BlockRule):
+            if isinstance(child, B.BlockRule):
+                if kind != "variable" or label_of(child.labels[0]) != "validation":
+                    raise BakeError(
+                        f"{kind} {quote(block.name)} has a nested block bake does not allow "
+                        "(only variables have `validation` blocks)",
+                        path=self.path,
+                        line=line_of(child),
+                    )
                 block.blocks.append(child)
         if kind == "target":
             self.targets.setdefault(block.name, []).append(block)
         elif kind == "group":
             self.groups.setdefault(block.name, []).append(block)
-        elif kind == "variable":
-            self.variables[block.name] = block
         else:
-            self.functions[block.name] = block
+            # Bake keeps only the last block of a name, dropping the first one's default and
+            # validation whole; in one file that is a mistake, so it is refused.
+            known = self.variables if kind == "variable" else self.functions
+            if block.name in known:
+                raise BakeError(
+                    f"{kind} {quote(block.name)} is declared again (first at line "
+                    f"{known[block.name].line}): bake would use only this block and drop the "
+                    "other's default and validation; keep one",
+                    path=self.path,
+                    line=line,
+                )
+            known[block.name] = block
 
 
 def load_bake(path: str | Path) -> BakeFile:
     """Read and parse a bake file; a missing or unreadable file is a one-line BakeError."""
     path = Path(path)
     try:
-        text = path.read_text(encoding="utf-8")
+        with path.open("rb") as handle:
+            data = handle.read(MAX_FILE_BYTES + 1)
     except FileNotFoundError:
         raise BakeError("bake file not found", path=path) from None
-    except (OSError, UnicodeDecodeError) as exc:
-        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
-        raise BakeError(f"cannot read bake file: {reason}", path=path) from None
+    except OSError as exc:
+        raise BakeError(f"cannot read bake file: {exc.strerror or exc}", path=path) from None
+    if len(data) > MAX_FILE_BYTES:
+        raise BakeError(f"bake file is over the limit of {MAX_FILE_BYTES} bytes", path=path)
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise BakeError(f"cannot read bake file: {_cause(exc)}", path=path) from None
     return BakeFile(path, text)
