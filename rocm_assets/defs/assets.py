@@ -5,7 +5,7 @@ from collections.abc import Callable, Iterator
 import dagster as dg
 
 from rocm_assets.core.bake import BakeGraph
-from rocm_assets.core.builds import op_name
+from rocm_assets.core.bake.names import job_name, op_name
 from rocm_assets.core.constants import (
     FANOUT_PARENT,
     ROCM_FANOUT_OF_TAG,
@@ -114,11 +114,6 @@ def build_bake_assets(graph: BakeGraph) -> list[dg.AssetsDefinition]:
         )
         for spec in build_asset_specs(graph)
     ]
-
-
-def job_name(name: str) -> str:
-    """Bake group and target names as Dagster job names (which allow no hyphens)."""
-    return name.replace("-", "_")
 
 
 def build_jobs(graph: BakeGraph) -> list[UnresolvedAssetJobDefinition]:

@@ -28,9 +28,10 @@ import dagster as dg
 from pydantic import Field
 
 from rocm_assets.core.bake import BakeGraph
+from rocm_assets.core.bake.names import job_name
 from rocm_assets.core.fleet import Fleet, FleetError, Node, load_fleet
 from rocm_assets.core.probes import CommandResult, NodeCommandError, run_on_node
-from rocm_assets.defs.assets import arch_partitions, job_name
+from rocm_assets.defs.assets import arch_partitions
 from rocm_assets.defs.resources.bake import BakeResource, md_block
 from rocm_assets.instance.dagster_internals import UnresolvedAssetJobDefinition
 
