@@ -12,7 +12,6 @@ a value. Whatever goes wrong ends as one `FleetError` line naming the file and t
 
 import os
 import re
-import reprlib
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -22,16 +21,13 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from pydantic_core import PydanticCustomError
 
 from rocm_assets.core.constants import DEFAULT_FLEET_FILE, FLEET_FILE_ENV
+from rocm_assets.core.text import bounded, shown
 
 # The shipped manifest is ~4 KB; a megabyte is a generous fleet and still quick to parse.
 MAX_FLEET_BYTES = 1 << 20
 # The schema nests four levels (nodes, a node, gpus); the rest is headroom for flow style.
 MAX_FLEET_DEPTH = 16
 _MERGE_TAG = "tag:yaml.org,2002:merge"
-# Quotes a container by its first few items whatever its size.
-_SHORT_REPR = reprlib.Repr()
-_SHORT_REPR.maxlevel, _SHORT_REPR.maxstring = 2, 20
-_SHORT_REPR.maxlist = _SHORT_REPR.maxtuple = _SHORT_REPR.maxset = _SHORT_REPR.maxdict = 4
 
 
 class FleetError(ValueError):
@@ -361,26 +357,3 @@ def _field_path(loc: tuple[Any, ...]) -> str:
             name = bounded(str(part))
             path += f".{name}" if path else name
     return path or "(top level)"
-
-
-def shown(value: object) -> str:
-    """A value as an error message quotes it: repr for strings, at most 60 characters."""
-    # Only a prefix is ever rendered: str() of a huge value would cost what the value costs.
-    if isinstance(value, str):
-        text = repr(value[:61])
-    elif isinstance(value, (list, tuple, dict, set, frozenset)):
-        text = one_line(_SHORT_REPR.repr(value))
-    else:
-        text = one_line(str(value)[:61])
-    return text if len(text) <= 60 else text[:57] + "..."
-
-
-def bounded(text: str, limit: int = 200) -> str:
-    """`text` on one line, printable, at most `limit` characters: safe to put in an error."""
-    clean = "".join(c if c.isprintable() else " " for c in text[: limit * 2])
-    line = one_line(clean)
-    return line if len(line) <= limit else line[: limit - 3] + "..."
-
-
-def one_line(text: str) -> str:
-    return " ".join(text.split())

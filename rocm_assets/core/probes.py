@@ -21,8 +21,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from rocm_assets.core.constants import SSH_KNOWN_HOSTS_ENV
-from rocm_assets.core.fleet import Fleet, Node, bounded, one_line, shown
+from rocm_assets.core.fleet import Fleet, Node
 from rocm_assets.core.known_hosts import HostKeyRejected, KnownHostsFiles
+from rocm_assets.core.text import bounded, one_line, shown
 
 if TYPE_CHECKING:
     import paramiko
