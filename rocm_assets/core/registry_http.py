@@ -75,20 +75,14 @@ class RegistryHttp:
         self.requests = 0
         self._secrets = secrets
         self._deadline = Deadline()
-        self._http = httpx.Client(
-            base_url=url,
-            timeout=httpx.Timeout(read_timeout, connect=connect_timeout),
-            transport=transport or DeadlineTransport(self._deadline, verify),
-            # Proxies come from the environment through the transport; netrc never applies.
-            trust_env=False,
-            follow_redirects=False,
-            # Compressed replies would be inflated past the body cap before it could apply.
-            headers={"User-Agent": "rocm-assets", "Accept-Encoding": "identity"},
-            event_hooks={"request": [self._count]},
-        )
+        # The transport is driven directly, not through httpx.Client: the client would log each
+        # reply's status line (a hostile reason phrase can carry the password) and keep cookies.
+        self._transport = transport or DeadlineTransport(self._deadline, verify)
+        self._base = httpx.URL(url)
+        self._timeout = httpx.Timeout(read_timeout, connect=connect_timeout).as_dict()
 
     def close(self) -> None:
-        self._http.close()
+        self._transport.close()
 
     @contextmanager
     def operation(self, what: str) -> Iterator[None]:
@@ -142,16 +136,19 @@ class RegistryHttp:
             httpx.HTTPError: transport failures, for the caller to retry or word.
             RegistryError: a redirect loop, too many hops, an oversized or encoded body.
         """
-        request = self._http.build_request(
-            method, url, params=params, headers=headers, json=json_body
-        )
+        target = self._base.join(url)
+        if params:
+            target = target.copy_merge_params(dict(params))
+        request = self._build(method, target, headers, json_body=json_body)
         hops = [request.url]
         while True:
             # A server echoing the password into a redirect, Link or realm URL would have this
-            # client send it on (and httpx log it): refused instead.
+            # client send it on, to wherever that URL points: refused instead.
             if self._leaks(str(request.url)):
                 raise self.error(f"{what}: the server sent a URL that carries the credentials")
-            response = self._http.send(request, stream=True)
+            self.requests += 1
+            response = self._transport.handle_request(request)
+            response.request = request
             try:
                 if not response.has_redirect_location:
                     body = b"" if method == "HEAD" else self._read_body(response, what)
@@ -196,7 +193,7 @@ class RegistryHttp:
         if method == "POST":
             content = request.content
             headers["Content-Type"] = request.headers.get("Content-Type", "application/json")
-        return self._http.build_request(method, target, headers=headers, content=content)
+        return self._build(method, target, headers, content=content)
 
     def _read_body(self, response: httpx.Response, what: str) -> bytes:
         encoding = response.headers.get("Content-Encoding", "").strip().lower()
@@ -206,7 +203,7 @@ class RegistryHttp:
             )
         too_big = f"the reply to {what} is larger than {_size(self.max_body_bytes)}, the cap"
         declared = response.headers.get("Content-Length", "").strip()
-        if declared.isdigit() and int(declared[:20]) > self.max_body_bytes:
+        if declared.isascii() and declared.isdigit() and int(declared[:20]) > self.max_body_bytes:
             raise self.error(too_big)
         body = bytearray()
         for chunk in response.iter_raw():
@@ -215,8 +212,24 @@ class RegistryHttp:
                 raise self.error(f"{too_big}; stopped reading")
         return bytes(body)
 
-    def _count(self, request: httpx.Request) -> None:
-        self.requests += 1
+    def _build(
+        self,
+        method: str,
+        url: httpx.URL,
+        headers: Mapping[str, str],
+        *,
+        json_body: object = None,
+        content: bytes | None = None,
+    ) -> httpx.Request:
+        return httpx.Request(
+            method,
+            url,
+            # Compressed replies would be inflated past the body cap before it could apply.
+            headers={"User-Agent": "rocm-assets", "Accept-Encoding": "identity", **headers},
+            json=json_body,
+            content=content,
+            extensions={"timeout": self._timeout},
+        )
 
     # ---------------------------------------------------------------- errors
 

@@ -4,12 +4,7 @@ Files and servers are input: a value quoted in an error must never cost what the
 (a megabyte tag, an alias bomb), nor break the one-line rule, nor carry terminal escapes.
 """
 
-import reprlib
-
-# Quotes a container by its first few items whatever its size.
-_SHORT_REPR = reprlib.Repr()
-_SHORT_REPR.maxlevel, _SHORT_REPR.maxstring = 2, 20
-_SHORT_REPR.maxlist = _SHORT_REPR.maxtuple = _SHORT_REPR.maxset = _SHORT_REPR.maxdict = 4
+_KINDS = {dict: "a mapping", list: "a list", tuple: "a list", set: "a set", frozenset: "a set"}
 
 
 def one_line(text: str) -> str:
@@ -24,12 +19,16 @@ def bounded(text: str, limit: int = 200) -> str:
 
 
 def shown(value: object) -> str:
-    """A value as an error message quotes it: repr for strings, at most 60 characters."""
+    """A value as an error message quotes it: repr for strings, at most 60 characters.
+
+    A container is named by its kind only: what it holds may be anything, a credential under a
+    key nobody asked for included.
+    """
     # Only a prefix is ever rendered: str() of a huge value would cost what the value costs.
     if isinstance(value, str):
         text = repr(value[:61])
-    elif isinstance(value, (list, tuple, dict, set, frozenset)):
-        text = one_line(_SHORT_REPR.repr(value))
+    elif type(value) in _KINDS:
+        text = _KINDS[type(value)]
     else:
         text = one_line(str(value)[:61])
     return text if len(text) <= 60 else text[:57] + "..."

@@ -33,7 +33,7 @@ from cryptography.x509.oid import NameOID
 
 @dataclass(frozen=True)
 class Scripted:
-    """One reply, exactly as sent. Placeholders in headers and body: `{n}` (the request's number),
+    """One reply, exactly as sent. Placeholders in the reason, headers and body: `{n}` (the request's number),
     `{port}`, `{auth}` (the request's Authorization credentials, decoded) and `{password}`."""
 
     status: int = 200
@@ -163,7 +163,7 @@ class _Handler(BaseHTTPRequestHandler):
         reply = registry.respond(seen)
         values = _placeholders(seen, number, registry.port)
         body = _fill(reply.body.decode("latin-1"), values).encode("latin-1")
-        lines = [f"HTTP/1.1 {reply.status} {reply.reason}"]
+        lines = [f"HTTP/1.1 {reply.status} {_fill(reply.reason, values)}"]
         lines += [f"{name}: {_fill(value, values)}" for name, value in reply.headers]
         if reply.content_length is None:
             lines.append(f"Content-Length: {len(body)}")
