@@ -306,9 +306,9 @@ def test_a_fleet_file_past_the_cap_is_refused_unread(tmp_path: Path) -> None:
     # /dev/zero never ends: only the cap plus one byte is read.
     with pytest.raises(FleetError) as caught:
         load_fleet("/dev/zero")
-    assert str(caught.value) == "/dev/zero: larger than 1024 KiB; not a fleet file"
-    big = _write(tmp_path / "fleet.yaml", "# " + "x" * (1 << 20) + "\n")
-    with pytest.raises(FleetError, match=r"larger than 1024 KiB; not a fleet file$"):
+    assert str(caught.value) == "/dev/zero: larger than 256 KiB; not a fleet file"
+    big = _write(tmp_path / "fleet.yaml", "# " + "x" * (256 << 10) + "\n")
+    with pytest.raises(FleetError, match=r"larger than 256 KiB; not a fleet file$"):
         load_fleet(big)
 
 

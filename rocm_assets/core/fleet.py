@@ -23,8 +23,9 @@ from pydantic_core import PydanticCustomError
 from rocm_assets.core.constants import DEFAULT_FLEET_FILE, FLEET_FILE_ENV
 from rocm_assets.core.text import bounded, shown
 
-# The shipped manifest is ~4 KB; a megabyte is a generous fleet and still quick to parse.
-MAX_FLEET_BYTES = 1 << 20
+# The shipped manifest is ~4 KB and a farm of a hundred nodes ~20 KB; 256 KiB parses in about a
+# second, and a daemon re-reads a file that failed on every tick.
+MAX_FLEET_BYTES = 256 << 10
 # The schema nests four levels (nodes, a node, gpus); the rest is headroom for flow style.
 MAX_FLEET_DEPTH = 16
 _MERGE_TAG = "tag:yaml.org,2002:merge"
