@@ -8,6 +8,7 @@ from rocm_assets_tests.helpers import PROJECT_ROOT
 
 pytest_plugins = [
     "rocm_assets_tests.servers.registry",
+    "rocm_assets_tests.servers.hostile_registry",
     "rocm_assets_tests.servers.sshd",
     "rocm_assets_tests.servers.dockerd",
     "rocm_assets_tests.servers.postgres",

@@ -21,6 +21,7 @@ import yaml
 from rocm_assets.core.constants import FLEET_FILE_ENV, SSH_KNOWN_HOSTS_ENV
 from rocm_assets.core.fleet import (
     DEFAULT_TARGET_COST,
+    Fleet,
     FleetError,
     Node,
     TargetCost,
@@ -153,6 +154,33 @@ def _write(path: Path, text: str) -> Path:
         (lambda d: d.pop("nodes"), "nodes: missing"),
         (lambda d: d.update(nodes=[]), "nodes: must list at least one node"),
         (lambda d: d["nodes"][0].update(name=""), "nodes[0].name: must not be empty"),
+        # Two entries for one machine: both named, whatever the entries are called.
+        (
+            lambda d: d["nodes"][2].update(builder="snoc-think"),
+            "nodes[2].builder: 'snoc-think' is also the builder of node 'snoc-think' "
+            "(nodes[0]); a machine is one entry",
+        ),
+        # Figures that are not finite, or past any real machine, never reach placement.
+        (
+            lambda d: d["nodes"][0].update(mem_gb=float("inf")),
+            "nodes[0].mem_gb: must be a finite number (got inf)",
+        ),
+        (
+            lambda d: d["nodes"][1].update(link_mbps=float("nan")),
+            "nodes[1].link_mbps: must be a finite number (got nan)",
+        ),
+        (
+            lambda d: d["target_costs"]["pytorch"].update(seconds=float("-inf")),
+            "target_costs.pytorch.seconds: must be a finite number (got -inf)",
+        ),
+        (
+            lambda d: d["target_costs"]["pytorch"].update(size_gb=1e308),
+            "target_costs.pytorch.size_gb: must be <= 100000 (got 1e+308)",
+        ),
+        (
+            lambda d: d["nodes"][0].update(cores=10**9),
+            "nodes[0].cores: must be <= 65536 (got 1000000000)",
+        ),
         # Several problems: the first is named and the rest counted, still on one line.
         (
             lambda d: [n.update(cores=0) for n in d["nodes"]],
@@ -188,6 +216,29 @@ def test_load_fleet_names_the_bad_field(
             ":3:5: invalid YAML: duplicate key 'name'",
         ),
         ("", ": empty file; expected nodes: and target_costs:"),
+        # Keys YAML reads as a number, null, a boolean or a list: refused where they are.
+        ("1: x\nnodes: []\n", ":1:1: invalid YAML: a key must be a string, not int 1; quote it"),
+        (
+            "null: x\n",
+            ":1:1: invalid YAML: a key must be a string, not NoneType None; quote it",
+        ),
+        (
+            "nodes:\n  - on: 1\n",
+            ":2:5: invalid YAML: a key must be a string, not bool True; quote it",
+        ),
+        ("? [a]\n: x\n", ":1:3: invalid YAML: a key must be a string, not a list or mapping"),
+        # A date that does not exist: the constructor's error, at the value.
+        (
+            "nodes:\n  - cores: 2001-02-30\n",
+            ":2:12: invalid YAML: unreadable value: day is out of range for month",
+        ),
+        ("nodes: " + "[" * 50 + "]" * 50, ":1:23: invalid YAML: nested deeper than 16 levels"),
+        ("nodes:\n  - <<: {name: a}\n", ":2:5: invalid YAML: merge keys (<<) are not supported"),
+        (
+            "nodes: !!python/object/apply:os.system [true]\n",
+            ":1:8: invalid YAML: could not determine a constructor for the tag "
+            "'tag:yaml.org,2002:python/object/apply:os.system'",
+        ),
         ("- a\n- b\n", ": expected a mapping with nodes: and target_costs:"),
     ],
 )
@@ -198,6 +249,79 @@ def test_load_fleet_reports_yaml_problems_with_line(
     with pytest.raises(FleetError) as caught:
         load_fleet(path)
     assert str(caught.value) == f"{path}{expected}"
+
+
+# The issue's 536-byte file: nine levels of nine aliases under an unknown key, a billion strings
+# once expanded. It is refused where the first anchor is, before anything is built.
+ALIAS_BOMB = "\n".join(
+    [
+        "nodes: []",
+        "extra:",
+        '  a: &a ["lol","lol","lol","lol","lol","lol","lol","lol","lol"]',
+        *(
+            f"  {chr(98 + i)}: &{chr(98 + i)} [{','.join([f'*{chr(97 + i)}'] * 9)}]"
+            for i in range(8)
+        ),
+    ]
+)
+
+
+def test_an_alias_bomb_is_refused_at_its_first_anchor(tmp_path: Path) -> None:
+    path = _write(tmp_path / "fleet.yaml", ALIAS_BOMB)
+    assert len(ALIAS_BOMB) < 600
+    with pytest.raises(FleetError) as caught:
+        load_fleet(path)
+    assert str(caught.value) == (
+        f"{path}:3:6: invalid YAML: anchors and aliases (&name, *name) are not supported; "
+        "write the value out"
+    )
+
+
+def test_values_in_errors_are_quoted_short_and_on_one_line(tmp_path: Path) -> None:
+    huge = "x" * 100_000
+    path = _write(
+        tmp_path / "fleet.yaml",
+        _edited(lambda d: d["nodes"][0].update(cores=huge + "\n\x1b[31m")),
+    )
+    with pytest.raises(FleetError) as caught:
+        load_fleet(path)
+    assert (
+        str(caught.value)
+        == f"{path}: nodes[0].cores: input should be a valid integer (got '{'x' * 56}...)"
+    )
+    tag = _write(tmp_path / "tag.yaml", f"nodes: !{huge} a\n")
+    with pytest.raises(FleetError) as caught:
+        load_fleet(tag)
+    assert len(str(caught.value)) < len(str(tag)) + 240
+
+
+def test_exponent_floats_read_as_numbers() -> None:
+    fleet = parse_fleet(_edited(lambda d: None).replace("seconds: 7200", "seconds: 7.2e3"), "f")
+    assert fleet.cost("pytorch").seconds == 7200.0
+    fleet = parse_fleet(_edited(lambda d: None).replace("seconds: 7200", "seconds: 72e2"), "f")
+    assert fleet.cost("pytorch").seconds == 7200.0
+
+
+def test_a_fleet_file_past_the_cap_is_refused_unread(tmp_path: Path) -> None:
+    # /dev/zero never ends: only the cap plus one byte is read.
+    with pytest.raises(FleetError) as caught:
+        load_fleet("/dev/zero")
+    assert str(caught.value) == "/dev/zero: larger than 256 KiB; not a fleet file"
+    big = _write(tmp_path / "fleet.yaml", "# " + "x" * (256 << 10) + "\n")
+    with pytest.raises(FleetError, match=r"larger than 256 KiB; not a fleet file$"):
+        load_fleet(big)
+
+
+def test_an_unforeseen_error_is_still_a_fleet_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Stands in for a bug or a library surprise at the boundary: one line, the cause kept.
+    def broken(data: object) -> None:
+        raise KeyError("surprise")
+
+    monkeypatch.setattr(Fleet, "model_validate", broken)
+    with pytest.raises(FleetError) as caught:
+        parse_fleet(_edited(lambda d: None), "fleet.yaml")
+    assert str(caught.value) == "fleet.yaml: cannot read the fleet: KeyError: 'surprise'"
+    assert isinstance(caught.value.__cause__, KeyError)
 
 
 def test_load_fleet_missing_file_says_how_to_point_at_one(tmp_path: Path) -> None:
@@ -584,7 +708,7 @@ def test_probe_node_rejects_a_host_key_that_changed(
     node = _node(sshd_server, "big")
     probe = probe_node(node, **FAST, connect_kwargs=sshd_server.connect_kwargs(), known_hosts=wrong)
     assert not probe.ok
-    assert probe.reason == f"host key of {node.ssh} does not match known_hosts"
+    assert probe.reason == f"host key of {node.ssh} does not match known_hosts ({wrong}:1)"
 
 
 @pytest.mark.real

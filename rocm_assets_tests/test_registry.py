@@ -16,14 +16,11 @@ import dagster as dg
 import httpx
 import pytest
 
-from rocm_assets.core.registry import (
-    MANIFEST_ACCEPT,
+from rocm_assets.core.registry import MANIFEST_ACCEPT, ImageInfo, RegistryClient, RegistryError
+from rocm_assets.core.registry_refs import (
     ForeignImageError,
-    ImageInfo,
     ImageRef,
     ImageRefError,
-    RegistryClient,
-    RegistryError,
     parse_challenge,
     parse_image_ref,
 )

@@ -21,7 +21,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from rocm_assets.core.constants import SSH_KNOWN_HOSTS_ENV
-from rocm_assets.core.fleet import Fleet, Node, one_line, shown
+from rocm_assets.core.fleet import Fleet, Node
+from rocm_assets.core.known_hosts import HostKeyRejected, KnownHostsFiles
+from rocm_assets.core.text import bounded, one_line, shown
 
 if TYPE_CHECKING:
     import paramiko
@@ -32,6 +34,8 @@ logger = logging.getLogger(__name__)
 _GIB_PER_KIB = 1024**2
 _SYSTEM_KNOWN_HOSTS = Path("/etc/ssh/ssh_known_hosts")
 _USER_KNOWN_HOSTS = "~/.ssh/known_hosts"
+# Parsed once per file version for every probe and command of this process.
+_KNOWN_HOSTS = KnownHostsFiles()
 
 
 class ProbeError(ValueError):
@@ -230,34 +234,35 @@ def _probe_over_ssh(
     known_hosts: Sequence[Path],
     probed_at: float,
 ) -> NodeProbe:
-    import paramiko
     from invoke.exceptions import CommandTimedOut
 
-    with _connection(
-        node, timeout_s=timeout_s, connect_kwargs=connect_kwargs, known_hosts=known_hosts
-    ) as conn:
-        command = shlex.join(["sh", "-c", probe_script(node.builder, sample_s)])
-        timed_out = f"probe command timed out after {timeout_s + sample_s:g} s"
-        started = time.monotonic()
-        try:
+    command = shlex.join(["sh", "-c", probe_script(node.builder, sample_s)])
+    timed_out = f"probe command timed out after {timeout_s + sample_s:g} s"
+    started = time.monotonic()
+    try:
+        with _connection(
+            node, timeout_s=timeout_s, connect_kwargs=connect_kwargs, known_hosts=known_hosts
+        ) as conn:
             result = conn.run(
                 command, hide=True, warn=True, in_stream=False, timeout=timeout_s + sample_s
             )
-        except CommandTimedOut:
-            return _failed(node, timed_out, probed_at)
-        except (paramiko.SSHException, OSError) as exc:
-            return _failed(node, _ssh_failure(node, exc, timeout_s), probed_at)
-        # Under load invoke can see the channel its timer closed before it sees the timer:
-        # the command then "exits" -1 (no exit status) instead of raising CommandTimedOut.
-        if result.exited == -1 and time.monotonic() - started >= timeout_s + sample_s:
-            return _failed(node, timed_out, probed_at)
-        if result.exited != 0:
-            detail = one_line(result.stderr)[:200] or "no stderr"
-            return _failed(node, f"probe script exited {result.exited}: {detail}", probed_at)
-        try:
-            return parse_probe_output(node, result.stdout, probed_at=probed_at)
-        except ProbeError as exc:
-            return _failed(node, f"unreadable probe output: {exc}", probed_at)
+    except CommandTimedOut:
+        return _failed(node, timed_out, probed_at)
+    except Exception as exc:
+        # paramiko and invoke raise more than SSHException and OSError (EOFError, their
+        # own thread errors, ValueError for a bad port): every one is this node's reason.
+        return _failed(node, _ssh_failure(node, exc, timeout_s), probed_at)
+    # Under load invoke can see the channel its timer closed before it sees the timer:
+    # the command then "exits" -1 (no exit status) instead of raising CommandTimedOut.
+    if result.exited == -1 and time.monotonic() - started >= timeout_s + sample_s:
+        return _failed(node, timed_out, probed_at)
+    if result.exited != 0:
+        detail = bounded(result.stderr) or "no stderr"
+        return _failed(node, f"probe script exited {result.exited}: {detail}", probed_at)
+    try:
+        return parse_probe_output(node, result.stdout, probed_at=probed_at)
+    except ProbeError as exc:
+        return _failed(node, f"unreadable probe output: {exc}", probed_at)
 
 
 @contextmanager
@@ -266,14 +271,14 @@ def _connection(
     *,
     timeout_s: float,
     connect_kwargs: Mapping[str, Any],
-    known_hosts: Iterable[Path],
+    known_hosts: Sequence[Path],
 ) -> "Iterator[Connection]":
     """A fabric connection to `node` with every phase bounded and host keys checked; closed after.
 
     fabric connects lazily, so connection errors surface from the first `run`: map them with
     `_ssh_failure`.
     """
-    bounded = {
+    bounded_kwargs = {
         **connect_kwargs,
         "timeout": timeout_s,
         "banner_timeout": timeout_s,
@@ -282,22 +287,28 @@ def _connection(
     }
     from fabric import Connection  # paramiko and fabric load only when a node is reached
 
-    conn = Connection(node.ssh, connect_kwargs=bounded)
+    conn = Connection(node.ssh, connect_kwargs=bounded_kwargs)
     # fabric truncates connect_timeout to an int and refuses it alongside connect_kwargs["timeout"];
     # the float bound above is the one that applies.
     conn.connect_timeout = None
     try:
-        _check_host_keys(conn, known_hosts)
+        _KNOWN_HOSTS.trust(conn, known_hosts, node.ssh or conn.host)
         yield conn
     finally:
-        conn.close()
+        try:
+            conn.close()
+        except Exception:
+            # Closing a half-open session can fail too; the reason that matters is the first.
+            logger.debug("closing the ssh connection to %s failed", node.name, exc_info=True)
 
 
-def _ssh_failure(node: Node, exc: "paramiko.SSHException | OSError", timeout_s: float) -> str:
-    """The one-line reason for an SSH connection or channel failure."""
+def _ssh_failure(node: Node, exc: Exception, timeout_s: float) -> str:
+    """The one-line reason for anything that went wrong reaching `node` or running on it."""
     import paramiko
 
     # Order matters: the paramiko errors subclass SSHException, the socket ones OSError.
+    if isinstance(exc, HostKeyRejected):
+        return str(exc)
     if isinstance(exc, paramiko.BadHostKeyException):
         return f"host key of {node.ssh} does not match known_hosts"
     if isinstance(exc, paramiko.AuthenticationException):
@@ -308,31 +319,20 @@ def _ssh_failure(node: Node, exc: "paramiko.SSHException | OSError", timeout_s: 
         return f"ssh timeout after {timeout_s:g} s"
     if isinstance(exc, paramiko.ssh_exception.NoValidConnectionsError):
         return f"ssh connection to {node.ssh} refused"
-    return f"ssh connect to {node.ssh} failed: {exc.strerror or exc}"
-
-
-def _check_host_keys(conn: "Connection", known_hosts: Iterable[Path]) -> None:
-    import paramiko
-    from fabric import Connection
-
-    # fabric installs AutoAddPolicy by default; a probe must refuse hosts it does not know.
-    conn.client.set_missing_host_key_policy(paramiko.RejectPolicy())
-    for path in known_hosts:
-        if path.is_file():
-            conn.client.load_system_host_keys(str(path))
-    if isinstance(conn.gateway, Connection):
-        _check_host_keys(conn.gateway, known_hosts)
+    if isinstance(exc, OSError):
+        return f"ssh connect to {node.ssh} failed: {bounded(exc.strerror or str(exc))}"
+    if isinstance(exc, EOFError):
+        return f"ssh connection to {node.ssh} closed by the other end"
+    return f"ssh to {node.ssh} failed: {type(exc).__name__}: {bounded(str(exc))}"
 
 
 def _ssh_reason(node: Node, exc: "paramiko.SSHException", timeout_s: float) -> str:
-    text = one_line(str(exc))
-    if "not found in known_hosts" in text:
-        return f"host key of {node.ssh} not in known_hosts"
+    text = bounded(str(exc))
     # paramiko bounds the handshake with the connect timeout and, when that runs out first,
     # returns quietly; authentication then fails with "No existing session".
     if any(sign in text.lower() for sign in ("banner", "timeout", "no existing session")):
         return f"ssh timeout after {timeout_s:g} s ({text[:80]})"
-    return f"ssh error: {text[:200]}"
+    return f"ssh error: {text}"
 
 
 def _failed(node: Node, reason: str, probed_at: float) -> NodeProbe:
@@ -513,7 +513,6 @@ def run_on_node(
     Raises:
         NodeCommandError: the node has no ssh address, or the connection failed.
     """
-    import paramiko
     from invoke.exceptions import CommandTimedOut
 
     command = shlex.join(argv)
@@ -521,13 +520,13 @@ def run_on_node(
         raise NodeCommandError(f"node {node.name} has no ssh address in the fleet file")
     tail = OutputTail(tail_lines)
     started = time.monotonic()
-    with _connection(
-        node,
-        timeout_s=connect_timeout_s,
-        connect_kwargs=connect_kwargs or {},
-        known_hosts=known_hosts_files(known_hosts),
-    ) as conn:
-        try:
+    try:
+        with _connection(
+            node,
+            timeout_s=connect_timeout_s,
+            connect_kwargs=connect_kwargs or {},
+            known_hosts=known_hosts_files(known_hosts),
+        ) as conn:
             # One tail for both streams keeps their interleaving (as it arrived); hide=False is
             # what sends output to out_stream/err_stream (nothing reaches this process's stdout).
             result = conn.run(
@@ -539,12 +538,13 @@ def run_on_node(
                 err_stream=tail.stream(),
                 timeout=timeout_s,
             )
-        except CommandTimedOut:
-            return CommandResult(node.name, command, None, tail.lines(), time.monotonic() - started)
-        except (paramiko.SSHException, OSError) as exc:
-            raise NodeCommandError(
-                f"{node.name}: {_ssh_failure(node, exc, connect_timeout_s)}"
-            ) from None
+    except CommandTimedOut:
+        return CommandResult(node.name, command, None, tail.lines(), time.monotonic() - started)
+    except Exception as exc:
+        # The boundary: no paramiko, invoke or socket error reaches the caller raw.
+        raise NodeCommandError(
+            f"{node.name}: {_ssh_failure(node, exc, connect_timeout_s)}"
+        ) from exc
     elapsed = time.monotonic() - started
     # The race _probe_over_ssh describes: a timed-out command may come back as exit -1.
     exited = None if result.exited == -1 and elapsed >= timeout_s else result.exited

@@ -1,6 +1,7 @@
 """A real OpenSSH sshd on loopback, one port per canned fleet node (a pytest plugin).
 
-What is real: Debian's /usr/sbin/sshd, its key exchange and host key, public-key login as the
+What is real: Debian's /usr/sbin/sshd, its key exchange and host keys (Ed25519, listed in the
+fixture's known_hosts, and ECDSA, listed nowhere), public-key login as the
 current user (root in CI), and the probe's POSIX sh script running under it.
 What is canned, per node: /proc/meminfo, the two /proc/stat samples, `nproc` and `docker`
 (`buildx inspect` for the node's builders; `run` echoes its arguments and exits as canned).
@@ -93,6 +94,8 @@ class SshdServer:
     client_key: Path
     known_hosts: Path
     host_public_key: str
+    # A second host key sshd also offers, listed nowhere: the probe must ask for the listed type.
+    host_public_key_ecdsa: str
     log: Path
     user: str
 
@@ -210,6 +213,7 @@ def _sshd_config(root: Path, ports: dict[str, int], envs: dict[str, dict[str, st
     lines = [f"ListenAddress {HOST}:{port}" for port in ports.values()]
     lines += [
         f"HostKey {root / 'host_key'}",
+        f"HostKey {root / 'host_key_ecdsa'}",
         f"PidFile {root / 'sshd.pid'}",
         f"AuthorizedKeysFile {root / 'authorized_keys'}",
         # The tmp dir is not owned and moded the way sshd insists on for real homes.
@@ -281,9 +285,11 @@ def sshd_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SshdServer
 
     root = tmp_path_factory.mktemp("sshd")
     _run([SSH_KEYGEN, "-q", "-t", "ed25519", "-N", "", "-f", str(root / "host_key")])
+    _run([SSH_KEYGEN, "-q", "-t", "ecdsa", "-N", "", "-f", str(root / "host_key_ecdsa")])
     _run([SSH_KEYGEN, "-q", "-t", "ed25519", "-N", "", "-f", str(root / "client_key")])
     shutil.copy(root / "client_key.pub", root / "authorized_keys")
     host_public_key = " ".join((root / "host_key.pub").read_text().split()[:2])
+    host_public_key_ecdsa = " ".join((root / "host_key_ecdsa.pub").read_text().split()[:2])
 
     ports = dict(zip((n.name for n in CANNED_NODES), _free_ports(len(CANNED_NODES)), strict=True))
     known_hosts = root / "known_hosts"
@@ -312,6 +318,7 @@ def sshd_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SshdServer
         client_key=root / "client_key",
         known_hosts=known_hosts,
         host_public_key=host_public_key,
+        host_public_key_ecdsa=host_public_key_ecdsa,
         log=log,
         user=getpass.getuser(),
     )

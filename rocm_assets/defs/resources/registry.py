@@ -31,6 +31,11 @@ class RegistryResource(dg.ConfigurableResource):
     ca_bundle: str | None = Field(default=None, description="PEM CA bundle for a private CA.")
     connect_timeout: float = Field(default=5.0, description="Seconds to connect.")
     read_timeout: float = Field(default=30.0, description="Seconds to wait for a reply.")
+    deadline: float | None = Field(
+        default=None,
+        description="Seconds one registry operation may take in all, connect to last byte, "
+        "retries and pages included (default: connect_timeout + read_timeout).",
+    )
     retries: int = Field(default=2, description="Retries on connection errors, 429 and 5xx.")
     backoff: float = Field(default=0.5, description="First retry delay in seconds; doubles.")
 
@@ -65,6 +70,7 @@ class RegistryResource(dg.ConfigurableResource):
             ca_bundle=self.ca_bundle,
             connect_timeout=self.connect_timeout,
             read_timeout=self.read_timeout,
+            deadline=self.deadline,
             retries=self.retries,
             backoff=self.backoff,
             warn=warn,
