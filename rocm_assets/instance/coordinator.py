@@ -57,7 +57,12 @@ from rocm_assets.instance.runs import IN_FLIGHT_STATUSES, builds_of_run
 logger = logging.getLogger("rocm_assets.instance")
 
 # Submission runs in the webserver: a slow registry must not hold the UI for long.
-_SUBMIT_REGISTRY_OPTIONS = {"connect_timeout": 2.0, "read_timeout": 5.0, "retries": 0}
+_SUBMIT_REGISTRY_OPTIONS = {
+    "connect_timeout": 2.0,
+    "read_timeout": 5.0,
+    "retries": 0,
+    "deadline": 3.0,
+}
 # Dagster's partition tags a child run must not inherit from the request it was split from.
 _PARTITION_TAGS = (PARTITION_TAG, PARTITION_RANGE_START_TAG, PARTITION_RANGE_END_TAG)
 

@@ -77,8 +77,14 @@ class FarmFiles:
         mtime = path.stat().st_mtime if path.exists() else -1.0
         cached = self.cache.get(str(path))
         if cached is None or cached[0] != mtime:
-            cached = (mtime, loader(path))
+            try:
+                cached = (mtime, loader(path))
+            except (BakeError, FleetError) as exc:
+                # A bad file stays bad until it is saved again: not re-parsed every tick.
+                cached = (mtime, exc)
             self.cache[str(path)] = cached
+        if isinstance(cached[1], BakeError | FleetError):
+            raise cached[1].with_traceback(None)  # a fresh traceback each tick, none kept
         return cached[1]
 
     def graph(self) -> BakeGraph:

@@ -13,7 +13,7 @@ from types import TracebackType
 import dagster as dg
 
 from rocm_assets.core import placement
-from rocm_assets.core.bake import BakeGraph, load_graph
+from rocm_assets.core.bake import BakeError, BakeGraph, load_graph
 from rocm_assets.core.build import (
     BakeInvocation,
     BuildError,
@@ -34,7 +34,7 @@ from rocm_assets.core.constants import (
     ROCM_REFUSED_TAG,
     ROCM_WAITING_FOR_TAG,
 )
-from rocm_assets.core.fleet import Fleet, Node, fleet_path, load_fleet
+from rocm_assets.core.fleet import Fleet, FleetError, Node, fleet_path, load_fleet
 from rocm_assets.core.probes import probe_node
 from rocm_assets.core.settings import bake_file_path
 from rocm_assets.defs.registry_checks import latest_built_digest, preflight_run
@@ -107,10 +107,16 @@ class BakeResource(dg.ConfigurableResource):
     node_poll_s: float = 10.0
 
     def graph(self) -> BakeGraph:
-        return load_graph(bake_file_path(self.bake_file))
+        try:
+            return load_graph(bake_file_path(self.bake_file))
+        except BakeError as exc:
+            raise dg.Failure(description=f"nothing was built: {exc}") from None
 
     def fleet(self) -> Fleet:
-        return load_fleet(self.fleet_file)
+        try:
+            return load_fleet(self.fleet_file)
+        except FleetError as exc:
+            raise dg.Failure(description=f"nothing was built: {exc}") from None
 
     # ---- the machine: held through a builder claim, placed by the coordinator's rules ----
     def hold_builder(
