@@ -264,8 +264,8 @@ def test_instance_config_validates_and_its_classes_rebuild(instance_env: dict[st
         # The paths come from the env vars the config names, and the files load through them.
         assert coordinator.files.bake_file == instance_env[constants.BAKE_FILE_ENV]
         assert coordinator.files.fleet_file == instance_env[constants.FLEET_FILE_ENV]
-        assert coordinator.graph().arches
-        assert coordinator.fleet().nodes
+        assert coordinator.files.graph().arches
+        assert coordinator.files.fleet().nodes
     finally:
         coordinator.dispose()
 
