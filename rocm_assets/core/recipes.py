@@ -82,7 +82,7 @@ class BakeLines:
             return
         yield name
         if any("inherits" in b.attrs for b in self.bake.targets[name]):
-            parents = self.ev.target_attr(name, "inherits") or []
+            parents = self.ev.target_attr(name, "inherits", None) or []
             for parent in reversed(parents):
                 yield from self._chain(to_string(parent), (*seen, name))
 
