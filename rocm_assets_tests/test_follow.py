@@ -16,14 +16,9 @@ import pytest
 from rocm_assets.core.placement import Build, CostModel, Problem, plan
 from rocm_assets.core.placement.bounds import validate_schedule
 from rocm_assets.core.placement.farm import FarmState, FollowSettings, Running, solver_budget_s
-from rocm_assets.core.placement.follow import PlanFollower
+from rocm_assets.core.placement.follow import PlanFollower, SimulatedCoordinator
 from rocm_assets.core.placement.runners import InlineSolver, SolveOutcome, ThreadSolver
-from rocm_assets.core.placement.simulate import (
-    Coordinator,
-    SimulationError,
-    noise_factors,
-    simulate,
-)
+from rocm_assets.core.placement.simulate import SimulationError, noise_factors, simulate
 from rocm_assets.core.solver import solve
 from rocm_assets_tests.helpers.placement import (
     FakeCost,
@@ -99,7 +94,7 @@ def test_each_node_takes_its_planned_builds_in_order_once_inputs_are_published()
 class FirstPlan:
     """A coordinator policy that keeps the follower's first plan: per node queue and finish."""
 
-    def __init__(self, coordinator: Coordinator) -> None:
+    def __init__(self, coordinator: SimulatedCoordinator) -> None:
         self.coordinator = coordinator
         self.queues: dict[str, list[Build]] = {}
         self.makespan_s = 0.0
@@ -124,7 +119,7 @@ def test_a_followed_plan_on_exact_estimates_never_replans_and_keeps_its_makespan
     for case in range(15):
         p = random_problem(rng)
         problem = Problem(p.builds, p.deps, p.nodes, p.cost)
-        coordinator = Coordinator(problem, None)
+        coordinator = SimulatedCoordinator(problem, None)
         first = FirstPlan(coordinator)
         schedule = simulate(problem, first, "coordinator", wake=coordinator.wake)
         assert coordinator.follower.replans == 1, case
@@ -424,7 +419,7 @@ def test_noise_is_seeded_lognormal_and_noisy_runs_validate() -> None:
     assert 0.95 < values[1000] < 1.05  # median about 1
     # One sigma either side (15.9% and 84.1%): about exp(-0.3) = 0.74 and exp(0.3) = 1.35.
     assert 0.68 < values[317] < 0.8 and 1.25 < values[1682] < 1.47
-    coordinator = Coordinator(problem, InlineSolver(), FollowSettings().scaled(0.01))
+    coordinator = SimulatedCoordinator(problem, InlineSolver(), FollowSettings().scaled(0.01))
     noisy = simulate(problem, coordinator, "coordinator", factors=f1, wake=coordinator.wake)
     # simulate validated it against the factors; without them the durations do not match.
     assert validate_schedule(problem, noisy, f1) == []
@@ -438,7 +433,7 @@ def test_noisy_runs_replan_and_stay_valid_on_random_instances() -> None:
         p = random_problem(rng)
         problem = Problem(p.builds, p.deps, p.nodes, p.cost)
         factors = noise_factors(problem, f"{case}")
-        coordinator = Coordinator(problem, None)
+        coordinator = SimulatedCoordinator(problem, None)
         try:
             simulate(problem, coordinator, "c", factors=factors, wake=coordinator.wake)
         except SimulationError as exc:

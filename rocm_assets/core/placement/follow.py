@@ -413,7 +413,9 @@ class PlanFollower:
         theirs = _remainder(ix, avail0, solved)
         gap = f"{result.status}, gap {100 * result.gap:.1f}%"
         if theirs is not None and theirs.makespan < mine - EPS:
-            self._set_plan(ix, avail0, theirs, SOLVER_STRATEGY, origin)
+            # The solver's own plan, or the warm start it could not better (the rollout's).
+            label = result.hint.strategy if result.kept_hint else SOLVER_STRATEGY
+            self._set_plan(ix, avail0, theirs, label, origin)
             self._solver_status = (
                 f"adopted: {gap}, {100 * (1 - theirs.makespan / mine):.1f}% shorter"
             )
@@ -516,3 +518,43 @@ def _remainder(
     # A valid plan starts every input before its dependents; ties go in dependency order.
     order = [i for *_, i in sorted(keys)]
     return left_shift(ix, node_of, order, avail0)
+
+
+class SimulatedCoordinator:
+    """The run coordinator's placement as a policy of `simulate.simulate`: a PlanFollower ticked
+    at every event with the state the coordinator passes it (pending builds and their deps,
+    running builds with estimated ends, the node each finished build is on). Use as
+    `simulate(problem, c, label, wake=c.wake)`, so drift is seen when it happens, as the
+    daemon's frequent ticks see it."""
+
+    def __init__(
+        self,
+        problem: Problem,
+        runner: SolverRunner | None,
+        settings: FollowSettings | None = None,
+    ) -> None:
+        self.problem = problem
+        self.follower = PlanFollower(runner, settings)
+        self._nodes = list(problem.nodes)
+
+    def __call__(
+        self,
+        now: float,
+        pending: set[Build],
+        running: dict[Build, Running],
+        pushed: dict[Build, str],
+    ) -> list[tuple[Build, str]]:
+        empty: frozenset[Build] = frozenset()
+        deps = self.problem.deps
+        state = FarmState(
+            now_s=now,
+            pending={b: deps.get(b, empty) for b in pending},
+            running=dict(running),
+            nodes=self._nodes,
+            cost=self.problem.cost,
+            built_on=dict(pushed),
+        )
+        return [(s.build, s.node) for s in self.follower.tick(state).starts]
+
+    def wake(self) -> float | None:
+        return self.follower.next_check_s()

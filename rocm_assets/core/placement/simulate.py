@@ -15,11 +15,9 @@ from collections.abc import Callable, Iterable, Mapping
 
 from rocm_assets.core.builds import Build
 from rocm_assets.core.placement.bounds import validate_schedule
-from rocm_assets.core.placement.farm import FarmState, FollowSettings, Running
-from rocm_assets.core.placement.follow import PlanFollower
+from rocm_assets.core.placement.farm import Running
 from rocm_assets.core.placement.online import choose_placements
-from rocm_assets.core.placement.problem import Assignment, Problem, Schedule
-from rocm_assets.core.placement.runners import SolverRunner
+from rocm_assets.core.placement.problem import EPS, Assignment, Problem, Schedule
 
 # Noise of real durations around the estimates: lognormal, sigma 0.3 (about +-30%).
 NOISE_SIGMA = 0.3
@@ -48,15 +46,18 @@ def simulate(
     *,
     factors: Mapping[Build, float] | None = None,
     wake: Callable[[], float | None] | None = None,
+    held: Mapping[str, float] | None = None,
 ) -> Schedule:
     """Run `problem` from time 0, asking `policy` at every event which builds start where.
 
     An event is the start (time 0), a build's push ending, or a time `wake` asks for (the
     follower's next drift check: the daemon ticks all the time, not only when a build ends).
     The policy sees running builds with their estimated ends; with `factors` they really end at
-    start + estimate x factor. The simulator enforces what the farm enforces (one build per
-    node, inputs pushed before a start) and raises SimulationError if the policy breaks it or
-    leaves builds pending with nothing running.
+    start + estimate x factor. The problem's placed builds run on their nodes until their ends
+    (or are pushed already), and a node in `held` runs a stand-in build `held:<node>` until
+    the time given. The simulator enforces what the farm enforces (one build per node, inputs
+    pushed before a start) and raises SimulationError if the policy breaks it or leaves builds
+    pending with nothing running.
     """
     ix = problem.index
     n = len(ix.builds)
@@ -66,6 +67,15 @@ def simulate(
     running: dict[Build, Running] = {}
     true_end: dict[Build, float] = {}
     pushed: dict[Build, str] = {}
+    for b, placed in problem.placed.items():
+        if placed.end_s > EPS:
+            running[b], true_end[b] = Running(placed.node, 0.0, placed.end_s), placed.end_s
+        else:
+            pushed[b] = placed.node
+    for node, until in (held or {}).items():
+        if until > EPS:
+            stand_in = Build(f"held:{node}")
+            running[stand_in], true_end[stand_in] = Running(node, 0.0, until), until
     now = 0.0
     while pending or running:
         busy = {r.node for r in running.values()}
@@ -75,7 +85,9 @@ def simulate(
                 raise SimulationError(
                     f"{label}: {b} started on {node} at {now:.0f}s twice or on a busy node"
                 )
-            if any(ix.builds[k] not in pushed for k in ix.preds[i]):
+            if ix.fixed_ready[i] > now + EPS or any(
+                ix.builds[k] not in pushed for k in ix.preds[i]
+            ):
                 raise SimulationError(
                     f"{label}: {b} started at {now:.0f}s before its inputs were pushed"
                 )
@@ -166,43 +178,11 @@ def follow(problem: Problem, schedule: Schedule) -> Policy:
     return decide
 
 
-class Coordinator:
-    """The run coordinator's placement, simulated: a `PlanFollower` ticked at every event with
-    the state the coordinator passes it (pending builds and their deps, running builds with
-    estimated ends, the node each finished build is on). Use as `simulate(problem, c, label,
-    wake=c.wake)`, so drift is seen when it happens, as the daemon's frequent ticks see it."""
-
-    def __init__(
-        self,
-        problem: Problem,
-        runner: SolverRunner | None,
-        settings: FollowSettings | None = None,
-    ) -> None:
-        self.problem = problem
-        self.follower = PlanFollower(runner, settings)
-        self._nodes = list(problem.nodes)
-
-    def __call__(
-        self,
-        now: float,
-        pending: set[Build],
-        running: dict[Build, Running],
-        pushed: dict[Build, str],
-    ) -> list[tuple[Build, str]]:
-        empty: frozenset[Build] = frozenset()
-        deps = self.problem.deps
-        state = FarmState(
-            now_s=now,
-            pending={b: deps.get(b, empty) for b in pending},
-            running=dict(running),
-            nodes=self._nodes,
-            cost=self.problem.cost,
-            built_on=dict(pushed),
-        )
-        return [(s.build, s.node) for s in self.follower.tick(state).starts]
-
-    def wake(self) -> float | None:
-        return self.follower.next_check_s()
+def rollout(problem: Problem, busy_until: Mapping[str, float]) -> Schedule:
+    """`default` online with locality played out on the estimates from the problem's origin
+    (placed builds running to their ends, busy nodes held): a plan for the solver's warm start,
+    often shorter than any one heuristic's static plan (docs/benchmarks.md)."""
+    return simulate(problem, online(problem, "default", locality=True), "rollout", held=busy_until)
 
 
 def serial_plan(problem: Problem, node: str, label: str) -> Schedule:
