@@ -93,11 +93,53 @@ def test_measured_duration_replaces_estimate_for_its_job_count() -> None:
     measured = {("pytorch", "n", 32): 5000.0}
     # Measured at 32 jobs, planned at 32 jobs: the measurement is used.
     assert CostModel(fleet, measured=measured).build_s("pytorch", node) == 5000.0
-    # A probe showing 21 GB free gives 10 jobs: the measurement does not apply, the law does.
+    # A probe showing 21 GB free gives 10 jobs: the measurement, not the table, predicts it
+    # by the job-count law.
     probed = CostModel(fleet, probes=[FakeProbe("n", mem_available_gb=21)], measured=measured)
-    assert probed.build_s("pytorch", node) == pytest.approx(7200 * (32 / 10) ** ALPHA)
+    assert probed.build_s("pytorch", node) == pytest.approx(5000 * (32 / 10) ** ALPHA)
     # Another target keeps its table estimate.
     assert CostModel(fleet, measured=measured).build_s("vllm", node) == pytest.approx(600)
+
+
+def test_a_target_measured_on_one_node_predicts_it_on_another() -> None:
+    # Reference 32 jobs; big runs 32, small 8 (16 GB), tight 4 (8 GB).
+    big = FakeNode("big", cores=32, mem_gb=122)
+    small = FakeNode("small", cores=16, mem_gb=16)
+    tight = FakeNode("tight", cores=16, mem_gb=8)
+    fleet = FakeFleet((big, small, tight), {"pytorch": FakeCost(7200, 6)})
+    # Two samples: 4000 s at 32 jobs and 9000 s at 8 jobs, i.e. 4000 and 9000 * (8/32)**ALPHA
+    # at the reference; the median of the two stands in for the table's 7200 s.
+    measured = {("pytorch", "big", 32): 4000.0, ("pytorch", "small", 8): 9000.0}
+    cost = CostModel(fleet, measured=measured)
+    at_ref = (4000 + 9000 * (8 / 32) ** ALPHA) / 2
+    assert cost.build_s("pytorch", tight) == pytest.approx(at_ref * (32 / 4) ** ALPHA)
+    # The exact samples still win on their own node and job count.
+    assert cost.build_s("pytorch", big) == 4000.0
+    assert cost.build_s("pytorch", small) == 9000.0
+
+
+def test_prediction_improves_as_measurements_arrive() -> None:
+    # The truth: the target takes 3000 s at the reference's 32 jobs, not the table's 7200, and
+    # the slow node is 10% slower than the job-count law says (the law is a model, not a fact).
+    fast = FakeNode("fast", cores=32, mem_gb=122)
+    slow = FakeNode("slow", cores=16, mem_gb=20)
+    fleet = FakeFleet((fast, slow), {"aiter-wheel": FakeCost(7200, 1)})
+    j_slow = max_jobs(slow)
+    true_fast, true_slow = 3000.0, 3000.0 * (32 / j_slow) ** ALPHA * 1.1
+
+    def error(measured: dict[tuple[str, str, int], float]) -> float:
+        predicted = CostModel(fleet, measured=measured).build_s("aiter-wheel", slow)
+        return abs(predicted - true_slow) / true_slow
+
+    none = error({})
+    elsewhere = error({("aiter-wheel", "fast", 32): true_fast})
+    here = error(
+        {("aiter-wheel", "fast", 32): true_fast, ("aiter-wheel", "slow", j_slow): true_slow}
+    )
+    assert none > 1.0  # the table's 7200 s: more than twice the truth
+    assert elsewhere == pytest.approx(1 - 1 / 1.1)  # only the law's own 10% is left
+    assert here == 0.0
+    assert none > elsewhere > here
 
 
 def _duration_on(node: FakeNode, fleet: FakeFleet, pushed: dict[Build, str]) -> float:

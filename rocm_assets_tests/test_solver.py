@@ -1,6 +1,6 @@
 """The CP-SAT plan: valid under the placement cost model, never worse than its warm start.
 
-Real parts: OR-Tools CP-SAT itself (the `bench` extra) solves every model here; no server is
+Real parts: OR-Tools CP-SAT itself (a dependency) solves every model here; no server is
 involved. Instances are tiny so each solves to a proven optimum well inside its limit; the
 limits are there so a regression fails rather than hangs, and no assertion is about time.
 """
@@ -18,7 +18,7 @@ from rocm_assets.core.placement import (
     plan,
     validate_schedule,
 )
-from rocm_assets.core.solver import SOLVER_STRATEGY, SolverError, solve
+from rocm_assets.core.solver import SOLVER_STRATEGY, SolverError, SolveStop, ortools_missing, solve
 from rocm_assets_tests.helpers.placement import (
     FakeCost,
     FakeFleet,
@@ -112,5 +112,35 @@ def test_missing_ortools_is_one_clear_error(monkeypatch: pytest.MonkeyPatch) -> 
     # A None entry in sys.modules makes the import fail as if OR-Tools were not installed.
     monkeypatch.setitem(sys.modules, "ortools.sat.python", None)
     problem = make_problem((FakeNode("n1"),), {}, {Build("x"): frozenset()})
-    with pytest.raises(SolverError, match=r"pip install 'rocm_assets\[bench\]'"):
+    with pytest.raises(SolverError, match=r"pip install 'ortools>=9.10'"):
         solve(problem, LIMIT_S)
+    assert ortools_missing() == "the solver needs OR-Tools, a dependency of rocm_assets: " + (
+        "pip install 'ortools>=9.10'"
+    )
+
+
+def test_ortools_is_there_when_installed() -> None:
+    assert ortools_missing() is None
+
+
+def test_a_deterministic_solve_reproduces() -> None:
+    # Deterministic time and one interleaved worker: the same plan twice, whatever the load.
+    rng = random.Random(21)
+    for _ in range(3):
+        problem = random_problem(rng, max_nodes=6, max_targets=14)
+        hint = plan(problem, "greedy")
+        first = solve(problem, 0.2, hint=hint, deterministic=True)
+        again = solve(problem, 0.2, hint=hint, deterministic=True)
+        assert first.schedule == again.schedule
+        assert (first.status, first.objective_s) == (again.status, again.objective_s)
+        assert validate_schedule(problem, first.schedule) == []
+
+
+def test_a_stop_before_the_search_returns_the_warm_start() -> None:
+    problem = lpt_trap()
+    greedy = plan(problem, "greedy")
+    stop = SolveStop()
+    stop.stop()
+    result = solve(problem, LIMIT_S, workers=1, hint=greedy, stop=stop)
+    assert stop.stopped and result.kept_hint and result.status == "UNKNOWN"
+    assert result.schedule.makespan_s == pytest.approx(greedy.makespan_s)

@@ -2,6 +2,7 @@
 
 import argparse
 import json
+from dataclasses import replace
 from typing import Any
 
 from rocm_assets.cli.common import (
@@ -21,12 +22,17 @@ from rocm_assets.core.constants import DEFAULT_GROUP
 from rocm_assets.core.fleet import Fleet, Node, fleet_path, load_fleet
 from rocm_assets.core.placement import (
     STRATEGIES,
+    Assignment,
     CostModel,
     PlacementError,
     Problem,
+    Schedule,
     plan,
     validate_schedule,
 )
+from rocm_assets.core.placement.farm import FarmState, FollowSettings, solver_budget_s
+from rocm_assets.core.placement.follow import PlanFollower
+from rocm_assets.core.placement.runners import InlineSolver
 from rocm_assets.core.probes import NodeProbe, best_node, probe_fleet
 from rocm_assets.core.solver import DEFAULT_TIME_LIMIT_S, SOLVER_STRATEGY, SolverError, solve
 from rocm_assets.core.timefmt import duration
@@ -65,6 +71,43 @@ def _probed_nodes(fleet: Fleet, probe: bool) -> tuple[list[NodeProbe], list[Node
     return [p for p in probes if p.ok], nodes
 
 
+COORDINATOR = "coordinator"
+
+
+def _coordinator_plan(
+    problem: Problem, deps: dict[Build, frozenset[Build]], time_limit_s: float | None
+) -> tuple[Schedule, dict[str, Any]]:
+    """The plan the run coordinator would follow for this request on an idle farm: its first
+    plan, the solver's part included within its budget (wall-clock seconds here), capped by
+    `time_limit_s` when given."""
+    settings = FollowSettings()
+    if time_limit_s is not None:
+        settings = replace(
+            settings,
+            solver_min_seconds=min(settings.solver_min_seconds, time_limit_s),
+            solver_time_limit_seconds=min(settings.solver_time_limit_seconds, time_limit_s),
+        )
+    follower = PlanFollower(InlineSolver(deterministic=False, workers=None), settings)
+    pending = {b: deps[b] for b in problem.builds}
+    follower.tick(FarmState(0.0, pending, {}, problem.nodes, problem.cost))
+    for note in follower.notes():
+        warn(note)
+    view = follower.plan()
+    if view is None:
+        raise CliError("the coordinator made no plan")
+    assignments = sorted(
+        (
+            Assignment(p.build, p.node, p.est_start_s, p.est_finish_s)
+            for queue in view.queues.values()
+            for p in queue
+        ),
+        key=lambda a: (a.start_s, a.node, a.build),
+    )
+    schedule = Schedule(view.strategy, tuple(assignments), view.makespan_s, problem.bounds.best)
+    budget = solver_budget_s(len(problem.builds), settings)
+    return schedule, {"solver": view.solver, "solver_budget_s": round(budget, 3)}
+
+
 def cmd_plan(args: argparse.Namespace) -> int:
     graph = graph_of(args)
     builds, deps, outside = _plan_builds(graph, args)
@@ -73,15 +116,19 @@ def cmd_plan(args: argparse.Namespace) -> int:
     problem = Problem(tuple(builds), deps, tuple(nodes), CostModel(fleet, probes=probes))
     extra: dict[str, Any] = {}
     try:
-        if args.strategy == SOLVER_STRATEGY:
-            result = solve(problem, args.time_limit)
+        if args.strategy == COORDINATOR:
+            schedule, extra[COORDINATOR] = _coordinator_plan(problem, deps, args.time_limit)
+            bound = schedule.lower_bound_s
+        elif args.strategy == SOLVER_STRATEGY:
+            limit = DEFAULT_TIME_LIMIT_S if args.time_limit is None else args.time_limit
+            result = solve(problem, limit)
             schedule = result.schedule
             bound = max(schedule.lower_bound_s, result.proven_bound_s)
             extra["solver"] = {
                 "status": result.status,
                 "proven_bound_s": round(result.proven_bound_s, 3),
                 "gap": round(result.gap, 5),
-                "time_limit_s": args.time_limit,
+                "time_limit_s": limit,
                 "kept_hint": result.kept_hint,
             }
         else:
@@ -137,6 +184,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
     )
     if "solver" in extra:
         out(f"solver: {extra['solver']['status']}, gap {100 * extra['solver']['gap']:.1f}%")
+    if COORDINATOR in extra:
+        out(f"coordinator's solver: {extra[COORDINATOR]['solver']}")
     for item in published:
         out(
             f"must already be published: {item['image']} (needed by {', '.join(item['needed_by'])})"
@@ -223,16 +272,20 @@ def add_parsers(sub: Any) -> None:
     add_fleet(p)
     p.add_argument(
         "--strategy",
-        choices=[*STRATEGIES, SOLVER_STRATEGY],
-        default="default",
-        help="placement strategy (default: default, the best heuristic plan)",
+        choices=[COORDINATOR, *STRATEGIES, SOLVER_STRATEGY],
+        default=COORDINATOR,
+        help="placement strategy (default: coordinator, the plan the run coordinator would "
+        "follow: the best heuristic plan, then CP-SAT within its budget)",
     )
+    follow = FollowSettings()
     p.add_argument(
         "--time-limit",
         type=float,
-        default=DEFAULT_TIME_LIMIT_S,
         metavar="S",
-        help=f"solver time limit in seconds (default: {DEFAULT_TIME_LIMIT_S:g})",
+        help=f"solver seconds: the solver strategy's limit (default {DEFAULT_TIME_LIMIT_S:g}), "
+        f"a cap on the coordinator's budget (default: its budget, "
+        f"{follow.solver_seconds_per_build:g} s a build, at least "
+        f"{follow.solver_min_seconds:g} s, at most {follow.solver_time_limit_seconds:g} s)",
     )
     p.add_argument(
         "--probe", action="store_true", help="use live SSH probes, not the fleet figures"

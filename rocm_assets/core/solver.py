@@ -1,6 +1,7 @@
 """An exact placement plan from OR-Tools CP-SAT, warm-started from the best list-scheduling plan.
 
-Pure (no Dagster, no I/O); OR-Tools is imported only when `solve` runs (the `bench` extra).
+Pure (no Dagster, no I/O); OR-Tools (a dependency) is imported only when `solve` runs, so a
+broken install costs the solver, not placement: `ortools_missing` says why.
 It plans the same `placement.Problem` the heuristics do, with the same cost model:
 
 - every build i gets a start s_i and an end e_i, and an optional interval on every node p whose
@@ -27,19 +28,68 @@ node), and never below the heuristic lower bound.
 
 import math
 import os
+import threading
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from rocm_assets.core.placement import Assignment, Problem, Schedule, plan
+# Submodules, not the package: the package's follower imports this module.
+from rocm_assets.core.placement.heuristics import plan
+from rocm_assets.core.placement.problem import Assignment, Problem, Schedule, left_shift
 
 SOLVER_STRATEGY = "solver"
 DEFAULT_TIME_LIMIT_S = 10.0
+# A deterministic solve also gets a wall-clock cap, far enough out that only a stalled machine
+# reaches it (then the run is no longer reproducible, but it ends).
+_WALL_CAP_FACTOR = 20.0
+_WALL_CAP_MIN_S = 30.0
+_MISSING = "the solver needs OR-Tools, a dependency of rocm_assets: pip install 'ortools>=9.10'"
 
 
 class SolverError(RuntimeError):
     """The solver cannot run (OR-Tools missing); the message says what to install."""
+
+
+def ortools_missing() -> str | None:
+    """Why CP-SAT cannot run here (one line), or None when it can."""
+    try:
+        from ortools.sat.python import cp_model  # noqa: F401
+    except ImportError:
+        return _MISSING
+    return None
+
+
+class SolveStop:
+    """Stops a solve from another thread; the solve then returns the best plan found so far.
+
+    A stop before the search starts skips it (the warm start is returned).
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._solver: Any = None
+        self._stopped = False
+
+    @property
+    def stopped(self) -> bool:
+        return self._stopped
+
+    def stop(self) -> None:
+        with self._lock:
+            self._stopped = True
+            if self._solver is not None:
+                self._solver.stop_search()
+
+    def attach(self, solver: Any) -> bool:
+        """Called by `solve` before searching: False when already stopped."""
+        with self._lock:
+            self._solver = solver
+            return not self._stopped
+
+    def detach(self) -> None:
+        with self._lock:
+            self._solver = None
 
 
 @dataclass(frozen=True)
@@ -75,25 +125,6 @@ def _ceil(x: float) -> int:
     return max(0, math.ceil(x - 1e-9))
 
 
-def _left_shift(
-    problem: Problem, node_of: Sequence[int], order: Sequence[int], avail0: Sequence[float]
-) -> tuple[list[float], list[float]]:
-    """Real start/end times for fixed nodes and a per-node order: each build starts as soon as
-    its node is free and its inputs are pushed. `order` must respect dependencies."""
-    ix = problem.index
-    n = len(ix.builds)
-    start, end = [0.0] * n, [0.0] * n
-    avail = list(avail0)
-    nodes = list(node_of)
-    for i in order:
-        ready, local = ix.inputs(i, nodes, end)
-        p = nodes[i]
-        start[i] = max(avail[p], ready)
-        end[i] = start[i] + ix.occupancy(i, p, local)
-        avail[p] = end[i]
-    return start, end
-
-
 def _schedule(
     problem: Problem,
     strategy: str,
@@ -102,7 +133,7 @@ def _schedule(
     avail0: Sequence[float],
 ) -> Schedule:
     ix = problem.index
-    start, end = _left_shift(problem, node_of, order, avail0)
+    _, start, end = left_shift(ix, node_of, order, avail0)
     assignments = sorted(
         (
             Assignment(ix.builds[i], ix.names[node_of[i]], start[i], end[i])
@@ -134,6 +165,8 @@ def solve(
     *,
     workers: int | None = None,
     hint: Schedule | None = None,
+    deterministic: bool = False,
+    stop: SolveStop | None = None,
 ) -> SolveResult:
     """Plan every build of `problem` with CP-SAT within `time_limit_s` of solving.
 
@@ -141,8 +174,13 @@ def solve(
         problem: the builds, deps, nodes and cost model, as for `placement.plan`.
         time_limit_s: CP-SAT's wall-clock limit; the best plan found by then is returned.
         busy_until: seconds from now until a node is free, as for `placement.plan`.
-        workers: CP-SAT search workers (default: the machine's cores, at most 8).
+        workers: CP-SAT search workers (default: the machine's cores, at most 8; 1 when
+            `deterministic`).
         hint: the warm start (default: `plan(problem, "default")`, the best heuristic plan).
+        deterministic: `time_limit_s` is CP-SAT's deterministic time (work counted, not
+            seconds elapsed) and the search is interleaved, so the same problem gives the same
+            plan on any machine and under any load.
+        stop: lets another thread end the search early.
 
     Raises:
         SolverError: OR-Tools is not installed.
@@ -151,9 +189,7 @@ def solve(
     try:
         from ortools.sat.python import cp_model
     except ImportError:
-        raise SolverError(
-            "the solver strategy needs OR-Tools: pip install 'rocm_assets[bench]'"
-        ) from None
+        raise SolverError(_MISSING) from None
     started = time.perf_counter()
     busy = dict(busy_until or {})
     ix = problem.index
@@ -249,12 +285,26 @@ def solve(
     model.AddHint(makespan, hint_makespan)
 
     solver = cp_model.CpSolver()
-    solver.parameters.max_time_in_seconds = max(0.01, float(time_limit_s))
-    solver.parameters.num_workers = workers or min(8, os.cpu_count() or 1)
+    limit = max(0.01, float(time_limit_s))
+    if deterministic:
+        solver.parameters.max_deterministic_time = limit
+        solver.parameters.max_time_in_seconds = max(_WALL_CAP_MIN_S, _WALL_CAP_FACTOR * limit)
+        solver.parameters.num_workers = workers or 1
+        solver.parameters.interleave_search = True
+    else:
+        solver.parameters.max_time_in_seconds = limit
+        solver.parameters.num_workers = workers or min(8, os.cpu_count() or 1)
     # Presolve may otherwise reduce the model past the hinted solution, and the search then
     # starts cold: on 50 builds it found nothing at all in 20 s with the hint in hand.
     solver.parameters.keep_all_feasible_solutions_in_presolve = True
-    status = solver.Solve(model)
+    if stop is None or stop.attach(solver):
+        try:
+            status = solver.Solve(model)
+        finally:
+            if stop is not None:
+                stop.detach()
+    else:
+        status = cp_model.UNKNOWN
     status_name = solver.StatusName(status)
     wall = time.perf_counter() - started
 

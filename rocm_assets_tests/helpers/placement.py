@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 
 from rocm_assets.core.builds import Build
 from rocm_assets.core.placement import CostModel, Placed, Problem, max_jobs
+from rocm_assets.core.placement.runners import SolveOutcome, SolveRequest
 from rocm_assets_tests.helpers.seed import SEED_GRAPH
 
 
@@ -135,3 +136,21 @@ def lpt_trap() -> Problem:
     }
     deps = {head: frozenset(), tail: frozenset({head}), side1: frozenset(), side2: frozenset()}
     return make_problem(nodes, costs, deps)
+
+
+class ScriptedRunner:
+    """A solver runner whose outcomes the test hands out: records every request it is given."""
+
+    def __init__(self) -> None:
+        self.requests: list[SolveRequest] = []
+        self.outcomes: list[SolveOutcome] = []
+        self.closed = False
+
+    def submit(self, request: SolveRequest) -> None:
+        self.requests.append(request)
+
+    def poll(self) -> SolveOutcome | None:
+        return self.outcomes.pop(0) if self.outcomes else None
+
+    def close(self) -> None:
+        self.closed = True

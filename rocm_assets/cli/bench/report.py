@@ -7,6 +7,8 @@ from typing import Any
 from rocm_assets.core.timefmt import duration
 
 _COLUMNS = ("median", "worst", "x LB med", "x LB worst", "x greedy med", "x greedy worst")
+# With noise the bounds (of the estimates) do not hold: ratios to noisy greedy only.
+_NOISY_COLUMNS = ("median", "worst", "x greedy med", "x greedy worst", "x greedy best")
 
 
 def _rows(summary: Mapping[str, Any]) -> list[tuple[str, ...]]:
@@ -24,6 +26,20 @@ def _rows(summary: Mapping[str, Any]) -> list[tuple[str, ...]]:
             )
         )
     return rows
+
+
+def _noisy_rows(summary: Mapping[str, Any]) -> list[tuple[str, ...]]:
+    return [
+        (
+            strategy,
+            duration(t["median_s"]),
+            duration(t["worst_s"]),
+            f"{t['median_ratio_greedy']:.3f}",
+            f"{t['worst_ratio_greedy']:.3f}",
+            f"{t['best_ratio_greedy']:.3f}",
+        )
+        for strategy, t in summary["noisy_table"].items()
+    ]
 
 
 def _heading(summary: Mapping[str, Any]) -> str:
@@ -45,7 +61,17 @@ _WIDTHS = (18, 11, 11, 10, 12, 14, 16)
 
 def _line(cells: Sequence[str]) -> str:
     return "  " + "".join(
-        c.rjust(w) if k else c.ljust(w) for k, (c, w) in enumerate(zip(cells, _WIDTHS, strict=True))
+        c.rjust(w) if k else c.ljust(w)
+        for k, (c, w) in enumerate(zip(cells, _WIDTHS, strict=False))
+    )
+
+
+def _noisy_heading(summary: Mapping[str, Any]) -> str:
+    c = summary["coordinator"]
+    return (
+        f"{summary['name']} with noise: real durations = estimate x lognormal(0, "
+        f"sigma 0.3); coordinator re-planned a median {c['noisy_median_replans']:g} times "
+        f"(at most {c['noisy_max_replans']})"
     )
 
 
@@ -55,6 +81,9 @@ def text_report(doc: Mapping[str, Any]) -> str:
         lines.append(_heading(summary))
         lines.append(_line(("strategy", *_COLUMNS)))
         lines.extend(_line(row) for row in _rows(summary))
+        lines.append(_noisy_heading(summary))
+        lines.append(_line(("strategy", *_NOISY_COLUMNS)))
+        lines.extend(_line(row) for row in _noisy_rows(summary))
         lines.append("")
     lines.append("targets:")
     for name, value in doc["targets"].items():
@@ -66,12 +95,22 @@ def text_report(doc: Mapping[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def markdown_tables(doc: Mapping[str, Any]) -> str:
+def _markdown(heading: str, columns: Sequence[str], rows: list[tuple[str, ...]]) -> list[str]:
+    return [
+        f"**{heading}**\n",
+        "| strategy | " + " | ".join(columns) + " |",
+        "|---" * (len(columns) + 1) + "|",
+        *("| " + " | ".join(row) + " |" for row in rows),
+        "",
+    ]
+
+
+def markdown_tables(doc: Mapping[str, Any], noisy: bool | None = None) -> str:
+    """Every scenario's tables; `noisy` True or False for only those with or without noise."""
     parts = []
     for summary in doc["scenarios"]:
-        parts.append(f"**{_heading(summary)}**\n")
-        parts.append("| strategy | " + " | ".join(_COLUMNS) + " |")
-        parts.append("|---" * (len(_COLUMNS) + 1) + "|")
-        parts.extend("| " + " | ".join(row) + " |" for row in _rows(summary))
-        parts.append("")
+        if noisy is not True:
+            parts += _markdown(_heading(summary), _COLUMNS, _rows(summary))
+        if noisy is not False:
+            parts += _markdown(_noisy_heading(summary), _NOISY_COLUMNS, _noisy_rows(summary))
     return "\n".join(parts)

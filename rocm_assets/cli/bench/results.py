@@ -1,24 +1,40 @@
-"""One instance under every strategy, and a scenario's table of the results."""
+"""One instance under every strategy, with and without noise, and a scenario's tables."""
 
 import statistics
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from rocm_assets.cli.bench.scenarios import Instance, Scenario
-from rocm_assets.core.placement import STRATEGIES, Schedule, plan
-from rocm_assets.core.placement.simulate import follow, online, serial_plan, simulate
+from rocm_assets.core.placement import STRATEGIES, Build, Problem, Schedule, plan
+from rocm_assets.core.placement.farm import FollowSettings
+from rocm_assets.core.placement.follow import SimulatedCoordinator
+from rocm_assets.core.placement.runners import InlineSolver
+from rocm_assets.core.placement.simulate import follow, noise_factors, online, serial_plan, simulate
 from rocm_assets.core.solver import SolveResult, solve
 
 ONLINE = ("greedy", "critical-path", "peft", "default")
-# Diagnostics of the default strategy: online with the node each finished build is on (which
-# the coordinator does not pass), and its static plan (`rocm-assets plan`) followed instead.
+# Diagnostics of the default strategy: online with the node each finished build is on, and
+# its static plan followed instead.
 DEFAULT_LOCALITY = "default-locality"
 DEFAULT_PLAN = "default-plan"
+# What the run coordinator runs: the PlanFollower, its solver inline.
+COORDINATOR = "coordinator"
 SOLVER = "solver"
 BUILDX_DEFAULT = "buildx-default"
 SINGLE_BEST = "single-best-node"
-ALL_STRATEGIES = (*ONLINE, DEFAULT_LOCALITY, DEFAULT_PLAN, SOLVER, BUILDX_DEFAULT, SINGLE_BEST)
+ALL_STRATEGIES = (
+    *ONLINE,
+    DEFAULT_LOCALITY,
+    DEFAULT_PLAN,
+    COORDINATOR,
+    SOLVER,
+    BUILDX_DEFAULT,
+    SINGLE_BEST,
+)
+# Strategies that decide as the run goes (the rest follow a plan fixed at the start, blindly).
+ONLINE_STRATEGIES = (*ONLINE, DEFAULT_LOCALITY, COORDINATOR)
+NOISY_STRATEGIES = (*ONLINE, DEFAULT_LOCALITY, DEFAULT_PLAN, COORDINATOR, SOLVER)
 _REL_TOL = 1e-6
 
 
@@ -35,8 +51,10 @@ class Outcome:
     nodes: int
     lower_bound_s: float
     makespan_s: dict[str, float]
+    noisy_makespan_s: dict[str, float]
     plan_s: dict[str, float]
     solver: SolveResult
+    coordinator: dict[str, Any]
     schedules: dict[str, Schedule] = field(default_factory=dict)
 
     @property
@@ -51,7 +69,9 @@ class Outcome:
             "lower_bound_s": round(self.lower_bound_s, 1),
             "bound_s": round(self.bound_s, 1),
             "makespan_s": {k: round(v, 1) for k, v in self.makespan_s.items()},
+            "noisy_makespan_s": {k: round(v, 1) for k, v in self.noisy_makespan_s.items()},
             "plan_makespan_s": {k: round(v, 1) for k, v in self.plan_s.items()},
+            "coordinator": self.coordinator,
             "solver": {
                 "status": self.solver.status,
                 "objective_s": self.solver.objective_s,
@@ -64,10 +84,27 @@ class Outcome:
         }
 
 
+def _coordinator(
+    problem: Problem, settings: FollowSettings, factors: Mapping[Build, float] | None
+) -> tuple[Schedule, int]:
+    """The PlanFollower played out, its solver inline (deterministic): schedule and re-plans."""
+    coordinator = SimulatedCoordinator(problem, InlineSolver(), settings)
+    label = COORDINATOR
+    schedule = simulate(problem, coordinator, label, factors=factors, wake=coordinator.wake)
+    return schedule, coordinator.follower.replans
+
+
 def run_instance(
-    instance: Instance, solver_limit_s: float, workers: int, keep: bool = False
+    instance: Instance,
+    solver_limit_s: float,
+    workers: int,
+    follow_settings: FollowSettings,
+    noise_seed: str,
+    keep: bool = False,
 ) -> Outcome:
-    """Every strategy on one instance: online heuristics, the solver's plan, the baselines."""
+    """Every strategy on one instance: online heuristics, the coordinator, the solver's plan,
+    the baselines; then the online strategies and the followed plans again with each build's
+    duration off its estimate by seeded lognormal noise."""
     problem = instance.problem
     schedules: dict[str, Schedule] = {}
     for strategy in ONLINE:
@@ -77,6 +114,7 @@ def run_instance(
     )
     plans = {name: plan(problem, name) for name in STRATEGIES}
     schedules[DEFAULT_PLAN] = simulate(problem, follow(problem, plans["default"]), DEFAULT_PLAN)
+    schedules[COORDINATOR], replans = _coordinator(problem, follow_settings, None)
     # Warm start: the shortest default run, static or online (replanning can beat the plan).
     hint = min(
         (schedules[k] for k in ("default", DEFAULT_LOCALITY, DEFAULT_PLAN)),
@@ -87,14 +125,34 @@ def run_instance(
     schedules[BUILDX_DEFAULT] = serial_plan(problem, instance.first_node, BUILDX_DEFAULT)
     singles = [serial_plan(problem, name, SINGLE_BEST) for name in problem.index.names]
     schedules[SINGLE_BEST] = min(singles, key=lambda s: s.makespan_s)
+
+    factors = noise_factors(problem, noise_seed)
+    noisy: dict[str, float] = {}
+    for strategy in ONLINE:
+        noisy[strategy] = simulate(
+            problem, online(problem, strategy), strategy, factors=factors
+        ).makespan_s
+    noisy[DEFAULT_LOCALITY] = simulate(
+        problem, online(problem, "default", locality=True), DEFAULT_LOCALITY, factors=factors
+    ).makespan_s
+    noisy[DEFAULT_PLAN] = simulate(
+        problem, follow(problem, plans["default"]), DEFAULT_PLAN, factors=factors
+    ).makespan_s
+    noisy_coordinator, noisy_replans = _coordinator(problem, follow_settings, factors)
+    noisy[COORDINATOR] = noisy_coordinator.makespan_s
+    noisy[SOLVER] = simulate(
+        problem, follow(problem, result.schedule), SOLVER, factors=factors
+    ).makespan_s
     return Outcome(
         name=instance.name,
         builds=len(problem.builds),
         nodes=len(problem.nodes),
         lower_bound_s=problem.bounds.best,
         makespan_s={name: s.makespan_s for name, s in schedules.items()},
+        noisy_makespan_s=noisy,
         plan_s={name: s.makespan_s for name, s in plans.items()},
         solver=result,
+        coordinator={"replans": replans, "noisy_replans": noisy_replans},
         schedules=schedules if keep else {},
     )
 
@@ -103,27 +161,46 @@ def median(values: Sequence[float]) -> float:
     return statistics.median(values) if values else 0.0
 
 
-def summarize(scenario: Scenario, outcomes: Sequence[Outcome]) -> dict[str, Any]:
-    """The scenario's table: per strategy, median and worst makespan and ratios."""
+def _table(
+    spans: Mapping[str, Sequence[float]], greedy: Sequence[float], bounds: Sequence[float] | None
+) -> dict[str, dict[str, float]]:
+    """Per strategy: median and worst makespan, and ratios to greedy (and to the bound)."""
     table: dict[str, dict[str, float]] = {}
-    for strategy in ALL_STRATEGIES:
-        spans = [o.makespan_s[strategy] for o in outcomes]
-        to_lb = [o.makespan_s[strategy] / o.bound_s for o in outcomes]
-        to_greedy = [o.makespan_s[strategy] / o.makespan_s["greedy"] for o in outcomes]
-        table[strategy] = {
-            "median_s": round(median(spans), 1),
-            "worst_s": round(max(spans), 1),
-            "median_ratio_lb": round(median(to_lb), 4),
-            "worst_ratio_lb": round(max(to_lb), 4),
-            "median_ratio_greedy": round(median(to_greedy), 4),
-            "worst_ratio_greedy": round(max(to_greedy), 4),
-            "best_ratio_greedy": round(min(to_greedy), 4),
-        }
-    worse = [
-        o.name
-        for o in outcomes
-        if o.makespan_s["default"] > o.makespan_s["greedy"] * (1 + _REL_TOL)
-    ]
+    for strategy, values in spans.items():
+        to_greedy = [v / g for v, g in zip(values, greedy, strict=True)]
+        row = {"median_s": round(median(values), 1), "worst_s": round(max(values), 1)}
+        if bounds is not None:
+            to_lb = [v / b for v, b in zip(values, bounds, strict=True)]
+            row["median_ratio_lb"] = round(median(to_lb), 4)
+            row["worst_ratio_lb"] = round(max(to_lb), 4)
+        row["median_ratio_greedy"] = round(median(to_greedy), 4)
+        row["worst_ratio_greedy"] = round(max(to_greedy), 4)
+        row["best_ratio_greedy"] = round(min(to_greedy), 4)
+        table[strategy] = row
+    return table
+
+
+def summarize(scenario: Scenario, outcomes: Sequence[Outcome]) -> dict[str, Any]:
+    """The scenario's tables (exact estimates, and noisy): per strategy, median and worst
+    makespan and ratios."""
+    table = _table(
+        {k: [o.makespan_s[k] for o in outcomes] for k in ALL_STRATEGIES},
+        [o.makespan_s["greedy"] for o in outcomes],
+        [o.bound_s for o in outcomes],
+    )
+    noisy_table = _table(
+        {k: [o.noisy_makespan_s[k] for o in outcomes] for k in NOISY_STRATEGIES},
+        [o.noisy_makespan_s["greedy"] for o in outcomes],
+        None,
+    )
+
+    def worse(strategy: str, spans: str = "makespan_s") -> list[str]:
+        return [
+            o.name
+            for o in outcomes
+            if getattr(o, spans)[strategy] > getattr(o, spans)["greedy"] * (1 + _REL_TOL)
+        ]
+
     plan_worse = [
         o.name for o in outcomes if o.plan_s["default"] > o.plan_s["greedy"] * (1 + _REL_TOL)
     ]
@@ -142,8 +219,16 @@ def summarize(scenario: Scenario, outcomes: Sequence[Outcome]) -> dict[str, Any]
             median([o.bound_s / o.lower_bound_s for o in outcomes]), 4
         ),
         "table": table,
-        "default_worse_than_greedy": worse,
+        "noisy_table": noisy_table,
+        "default_worse_than_greedy": worse("default"),
         "default_plan_worse_than_greedy": plan_worse,
+        "coordinator": {
+            "worse_than_greedy": worse(COORDINATOR),
+            "noisy_worse_than_greedy": worse(COORDINATOR, "noisy_makespan_s"),
+            "median_replans": median([o.coordinator["replans"] for o in outcomes]),
+            "noisy_median_replans": median([o.coordinator["noisy_replans"] for o in outcomes]),
+            "noisy_max_replans": max(o.coordinator["noisy_replans"] for o in outcomes),
+        },
         "solver": {
             "optimal": sum(o.solver.status == "OPTIMAL" for o in outcomes),
             "median_gap": round(median([o.solver.gap for o in outcomes]), 5),
@@ -161,15 +246,19 @@ def summarize(scenario: Scenario, outcomes: Sequence[Outcome]) -> dict[str, Any]
 
 
 def _proven_optimal(outcomes: Sequence[Outcome]) -> dict[str, Any]:
-    """On instances the solver proved optimal (to its rounding): how far default's online
-    makespan is from the optimum, and how far placement's lower bound is below it."""
+    """On instances the solver proved optimal (to its rounding): how far the coordinator's and
+    default's online makespans are from the optimum, and how far placement's lower bound is
+    below it."""
     optimal = [o for o in outcomes if o.solver.status == "OPTIMAL"]
     if not optimal:
         return {"instances": 0}
     to_opt = sorted(o.makespan_s["default"] / o.makespan_s[SOLVER] for o in optimal)
+    coordinator = sorted(o.makespan_s[COORDINATOR] / o.makespan_s[SOLVER] for o in optimal)
     lb_gap = sorted(o.bound_s / o.lower_bound_s for o in optimal)
     return {
         "instances": len(optimal),
+        "coordinator_over_optimum_median": round(median(coordinator), 4),
+        "coordinator_over_optimum_worst": round(coordinator[-1], 4),
         "default_over_optimum_median": round(median(to_opt), 4),
         "default_over_optimum_p90": round(to_opt[int(0.9 * (len(to_opt) - 1))], 4),
         "default_over_optimum_worst": round(to_opt[-1], 4),

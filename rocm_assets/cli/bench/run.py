@@ -1,124 +1,35 @@
 """A whole benchmark run: every scenario and overhead, the issue's targets, the files written."""
 
 import json
-import statistics
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from rocm_assets.cli.bench.overhead import (
-    OVERHEADS,
-    TARGET_DECISION_S,
-    TARGET_LOAD_S,
-    OverheadContext,
-)
+from rocm_assets.cli.bench.overhead import OVERHEADS, OverheadContext
 from rocm_assets.cli.bench.report import markdown_tables
 from rocm_assets.cli.bench.results import (
     ALL_STRATEGIES,
-    SOLVER,
+    NOISY_STRATEGIES,
     Outcome,
-    median,
     run_instance,
     summarize,
 )
-from rocm_assets.cli.bench.scenarios import TARGET_SOLVER_LIMIT_S, Instance, Settings, scenarios
+from rocm_assets.cli.bench.scenarios import (
+    COORDINATOR_BUDGET_SHARE,
+    Instance,
+    Settings,
+    coordinator_settings,
+    scenarios,
+)
+from rocm_assets.cli.bench.targets import targets_report
 from rocm_assets.core.bake import load_graph
 from rocm_assets.core.fleet import load_fleet
-from rocm_assets.core.placement import STRATEGIES
+from rocm_assets.core.placement.farm import FollowSettings
+from rocm_assets.core.placement.simulate import NOISE_SIGMA
 from rocm_assets.core.settings import bake_file_path
 
-SCHEMA_VERSION = 1
-# The issue's targets, checked in the report.
-TARGET_MEDIAN_RATIO = 1.10
-TARGET_SKEWED_GAIN = 0.10
-TARGET_SOLVER_GAP = 0.02
-
-
-def targets_report(
-    summaries: Sequence[Mapping[str, Any]], overhead: Mapping[str, Any]
-) -> dict[str, Any]:
-    """The issue's targets against the figures: each with its value and whether it is met."""
-    rows = [o for s in summaries for o in s["outcomes"]]
-    ratios = [o["makespan_s"]["default"] / o["bound_s"] for o in rows]
-    to_placement_lb = [o["makespan_s"]["default"] / o["lower_bound_s"] for o in rows]
-    to_optimum = [
-        o["makespan_s"]["default"] / o["makespan_s"][SOLVER]
-        for o in rows
-        if o["solver"]["status"] == "OPTIMAL"
-    ]
-    medians = {s["name"]: s["table"]["default"]["median_ratio_lb"] for s in summaries}
-    worse = [n for s in summaries for n in s["default_worse_than_greedy"]]
-    plan_worse = [n for s in summaries for n in s["default_plan_worse_than_greedy"]]
-    report: dict[str, Any] = {
-        "default_median_ratio_lb": {
-            "target": TARGET_MEDIAN_RATIO,
-            "all_instances": round(statistics.median(ratios), 4),
-            # The same against placement's bound alone, without the solver's proofs.
-            "all_instances_placement_bound": round(statistics.median(to_placement_lb), 4),
-            "worst_scenario_median": round(max(medians.values()), 4),
-            "per_scenario": medians,
-            "met": max(medians.values()) <= TARGET_MEDIAN_RATIO,
-            # Where the solver proved the optimum, the distance that no bound hides.
-            "proven_optimal_instances": len(to_optimum),
-            "default_over_optimum_median": round(median(to_optimum), 4),
-            "default_over_optimum_worst": round(max(to_optimum, default=0.0), 4),
-        },
-        "default_never_worse_than_greedy": {
-            "instances": len(rows),
-            "online_worse": len(worse),
-            "online_worse_examples": worse[:10],
-            "plan_worse": len(plan_worse),
-            "met": not worse and not plan_worse,
-        },
-    }
-    skewed = {}
-    for s in summaries:
-        if s["name"].startswith("skewed"):
-            (o,) = s["outcomes"]
-            greedy = o["makespan_s"]["greedy"]
-            best_bound = o["bound_s"]
-            skewed[s["name"]] = {
-                "greedy_s": greedy,
-                "default_s": o["makespan_s"]["default"],
-                "solver_s": o["makespan_s"][SOLVER],
-                "proven_bound_s": best_bound,
-                "default_gain": round(1 - o["makespan_s"]["default"] / greedy, 4),
-                "solver_gain": round(1 - o["makespan_s"][SOLVER] / greedy, 4),
-                "max_possible_gain": round(1 - best_bound / greedy, 4),
-                "met": 1 - o["makespan_s"]["default"] / greedy >= TARGET_SKEWED_GAIN
-                or 1 - best_bound / greedy < TARGET_SKEWED_GAIN,
-            }
-    report["skewed_gain_over_greedy"] = {"target": TARGET_SKEWED_GAIN, **skewed}
-    for s in summaries:
-        if s["name"] == "solver-100":
-            report["solver_100_builds_12_nodes"] = {
-                "time_limit_s": s["solver_time_limit_s"],
-                "instances": s["instances"],
-                "worst_wall_s": s["solver"]["worst_wall_s"],
-                "worst_gap": s["solver"]["worst_gap"],
-                "median_gap": s["solver"]["median_gap"],
-                "optimal": s["solver"]["optimal"],
-                "met": s["solver"]["worst_gap"] <= TARGET_SOLVER_GAP
-                and s["solver"]["worst_wall_s"] <= TARGET_SOLVER_LIMIT_S + 1.0,
-            }
-    decision = overhead.get("placement_decision")
-    if decision:
-        worst = max(decision[s]["median_ms"] for s in STRATEGIES)
-        report["decision_ms"] = {
-            "target": TARGET_DECISION_S * 1000,
-            "default_median_ms": decision["default"]["median_ms"],
-            "slowest_strategy_median_ms": worst,
-            "met": decision["default"]["median_ms"] <= TARGET_DECISION_S * 1000,
-        }
-    load = overhead.get("code_location_load")
-    if load:
-        report["code_location_load_s"] = {
-            "target": TARGET_LOAD_S,
-            "value": load["over_import_dagster_s"],
-            "met": load["over_import_dagster_s"] <= TARGET_LOAD_S,
-        }
-    return report
+SCHEMA_VERSION = 2
 
 
 def run_bench(
@@ -146,7 +57,12 @@ def run_bench(
         outcomes = []
         for k, instance in enumerate(scenario.instances):
             outcome = run_instance(
-                instance, scenario.solver_limit_s, settings.workers, scenario.gantt
+                instance,
+                scenario.solver_limit_s,
+                settings.workers,
+                coordinator_settings(scenario.solver_limit_s),
+                f"{seed}:{instance.name}",
+                scenario.gantt,
             )
             outcomes.append(outcome)
             if scenario.gantt and out is not None:
@@ -166,6 +82,9 @@ def run_bench(
         "quick": quick,
         "command": _command(seed, quick, out, instances),
         "strategies": list(ALL_STRATEGIES),
+        "noisy_strategies": list(NOISY_STRATEGIES),
+        "noise": {"lognormal_sigma": NOISE_SIGMA, "seed": f"{seed}:<instance name>"},
+        "coordinator": _coordinator_doc(),
         "solver": {
             "workers": settings.workers,
             "named_time_limit_s": settings.named_solver_s,
@@ -184,6 +103,24 @@ def run_bench(
         (out / "bench-results.json").write_text(json.dumps(doc, indent=1) + "\n")
         (out / "bench-tables.md").write_text(markdown_tables(doc))
     return doc
+
+
+def _coordinator_doc() -> dict[str, Any]:
+    daemon = FollowSettings()
+    return {
+        "solver": "inline, deterministic time, 1 interleaved worker",
+        "budget_share": COORDINATOR_BUDGET_SHARE,
+        "budget": "solver_budget_s(builds) x scenario solver limit / "
+        f"{daemon.solver_time_limit_seconds:g} s x budget_share, in deterministic seconds",
+        "daemon_settings": {
+            "replan_drift_margin": daemon.replan_drift_margin,
+            "replan_early_margin": daemon.replan_early_margin,
+            "solver_min_seconds": daemon.solver_min_seconds,
+            "solver_seconds_per_build": daemon.solver_seconds_per_build,
+            "solver_time_limit_seconds": daemon.solver_time_limit_seconds,
+            "solver_max_builds": daemon.solver_max_builds,
+        },
+    }
 
 
 def _command(seed: int, quick: bool, out: Path | None, instances: int | None) -> str:

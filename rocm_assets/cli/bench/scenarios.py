@@ -9,8 +9,21 @@ from rocm_assets.core.builds import Build, build_deps, builds_for
 from rocm_assets.core.constants import DEFAULT_GROUP
 from rocm_assets.core.fleet import Fleet, Node, Reference, TargetCost
 from rocm_assets.core.placement import CostModel, Problem
+from rocm_assets.core.placement.farm import FollowSettings
 
 TARGET_SOLVER_LIMIT_S = 10.0
+# The coordinator's solver budget in the bench: the daemon's budget function with its cap
+# (a minute) mapped to this share of the scenario's solver limit, in CP-SAT's deterministic
+# seconds (so seeded runs reproduce; one is several wall seconds on this 2-core machine).
+COORDINATOR_BUDGET_SHARE = 0.2
+
+
+def coordinator_settings(solver_limit_s: float) -> FollowSettings:
+    """The daemon's follower settings with the solver's budget scaled to the scenario."""
+    daemon = FollowSettings()
+    return daemon.scaled(
+        solver_limit_s / daemon.solver_time_limit_seconds * COORDINATOR_BUDGET_SHARE
+    )
 
 
 @dataclass(frozen=True)

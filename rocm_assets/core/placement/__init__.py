@@ -12,7 +12,9 @@ on one box would each derive MAX_JOBS from MemAvailable as though alone and over
 
     J(p)         = max(1, min(cores_p, floor(mem_available_gb_p / 2)))        # MAX_JOBS, 2 GB a job
     t(i, p)      = t_ref(i) * (J_ref / J(p)) ** ALPHA                          # ALPHA = 0.8
-                   or the measured duration keyed by (target, node, J(p)) when there is one
+                   t_ref is the table's, or the median of the target's measured durations
+                   each brought to J_ref by the same law; an exact (target, node, J(p))
+                   measurement is used as it is
     push(i, p)   = size_gb(i) * 8000 / link_mbps(p)                            # GB -> Mbit
     pulls(i, p)  = sum over inputs k of i not built on p: size_gb(k) * 8000 / link_mbps(p)
 

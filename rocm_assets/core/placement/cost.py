@@ -5,6 +5,7 @@ Pure: no Dagster, no I/O. The fleet and probe objects are read through the Proto
 """
 
 import math
+import statistics
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Protocol
 
@@ -93,7 +94,11 @@ class CostModel:
 
     `measured` maps (target, node name, MAX_JOBS) to the build step's own seconds, without the
     pulls and the push this model adds around it; the Dagster layer fills it from
-    materialization metadata.
+    materialization metadata, leaving out runs that pushed nothing new (cache hits). A sample
+    for exactly (target, node, its MAX_JOBS now) is that build's duration. Otherwise every
+    sample of the target predicts it by the job-count law the estimate uses: each is brought to
+    the reference node, t_ref = t * (J_sample / J_ref) ** ALPHA, and the median of those stands
+    in for the table's seconds, so one build on any node improves the estimate on every node.
     """
 
     def __init__(
@@ -106,8 +111,12 @@ class CostModel:
         self._fleet = fleet
         self._probes = {probe.node: probe for probe in probes}
         self._measured = dict(measured or {})
-        self._measured_targets = {target for target, _, _ in self._measured}
         self._j_ref = _jobs(fleet.reference.cores, fleet.reference.mem_gb)
+        at_ref: dict[str, list[float]] = {}
+        for (target, _, jobs), seconds in sorted(self._measured.items()):
+            at_ref.setdefault(target, []).append(seconds * (max(1, jobs) / self._j_ref) ** ALPHA)
+        # Median over the samples: one odd run (a cold cache, a busy box) moves it little.
+        self._measured_ref = {t: statistics.median(v) for t, v in at_ref.items()}
         self._targets: dict[str, tuple[float, float]] = {}
 
     @property
@@ -136,14 +145,19 @@ class CostModel:
         return (self._j_ref / self.max_jobs(node)) ** ALPHA
 
     def has_measured(self, target: str) -> bool:
-        return target in self._measured_targets
+        return target in self._measured_ref
 
     def build_s(self, target: str, node: NodeLike) -> float:
-        if self.has_measured(target):
-            measured = self._measured.get((target, node.name, self.max_jobs(node)))
-            if measured is not None:
-                return measured
-        return self.reference_s(target) * self.slowdown(node)
+        """Build seconds of `target` on `node`: its exact measurement, else the measured median
+        brought to this node's job count, else the table's estimate."""
+        at_ref = self._measured_ref.get(target)
+        if at_ref is None:
+            return self.reference_s(target) * self.slowdown(node)
+        jobs = self.max_jobs(node)
+        exact = self._measured.get((target, node.name, jobs))
+        if exact is not None:
+            return exact
+        return at_ref * (self._j_ref / jobs) ** ALPHA
 
     def push_s(self, target: str, node: NodeLike) -> float:
         return transfer_s(self.size_gb(target), node.link_mbps)

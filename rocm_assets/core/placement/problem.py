@@ -4,7 +4,7 @@
 bounds' inner loops stay cheap; `Schedule` is what every strategy returns.
 """
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
 from itertools import pairwise
@@ -220,3 +220,22 @@ class Run(NamedTuple):
     @property
     def makespan(self) -> float:
         return max(self.end, default=0.0)
+
+
+def left_shift(
+    ix: Index, node_of: Sequence[int], order: Sequence[int], avail0: Sequence[float]
+) -> Run:
+    """Times for fixed nodes and a per-node order: each build starts as soon as its node is free
+    and its inputs are pushed, which is what following the plan does. `order` must list every
+    build once, dependencies first."""
+    n = len(ix.builds)
+    start, end = [0.0] * n, [0.0] * n
+    avail = list(avail0)
+    nodes = list(node_of)
+    for i in order:
+        ready, local = ix.inputs(i, nodes, end)
+        p = nodes[i]
+        start[i] = avail[p] if avail[p] > ready else ready
+        end[i] = start[i] + ix.occupancy(i, p, local)
+        avail[p] = end[i]
+    return Run(nodes, start, end)

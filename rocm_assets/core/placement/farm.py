@@ -1,0 +1,109 @@
+"""What the plan follower is told each tick, its settings, and the plan it shows.
+
+`FarmState` is the caller's view of the farm at one instant; `FollowSettings` the follower's
+knobs (the coordinator reads them from dagster.yaml under the same names); `PlanView` the plan
+being followed, for `rocm-assets watch` and the runs' tags.
+"""
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import NamedTuple
+
+from rocm_assets.core.builds import Build
+from rocm_assets.core.placement.cost import CostModel, NodeLike
+
+
+class Running(NamedTuple):
+    """A build in flight: its node, when it started and when it is estimated to end."""
+
+    node: str
+    started_s: float
+    est_end_s: float
+
+
+@dataclass(frozen=True)
+class FarmState:
+    """What the caller knows at `now_s`.
+
+    `pending` maps each waiting build to its deps (which may name builds outside it); a dep in
+    none of `pending`, `running` and `unpublished` is published. `built_on` gives the node each
+    finished build was built on (a dependent there pulls nothing). `nodes` are the usable nodes
+    now. `busy` holds nodes taken by something the plan does not own, until an estimated
+    (absolute) time. `unpublished` names deps known not to be published (last run failed or
+    was cancelled), with why: a build depending on one waits.
+    """
+
+    now_s: float
+    pending: Mapping[Build, frozenset[Build]]
+    running: Mapping[Build, Running]
+    nodes: Sequence[NodeLike]
+    cost: CostModel
+    built_on: Mapping[Build, str] = field(default_factory=dict)
+    busy: Mapping[str, float] = field(default_factory=dict)
+    unpublished: Mapping[Build, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class FollowSettings:
+    """The follower's knobs (dagster.yaml names them the same).
+
+    replan_drift_margin: re-plan when a build has run this share past its estimate.
+    replan_early_margin: re-plan when a build ends this share of its estimate early; None: never.
+    solver_min_seconds, solver_seconds_per_build, solver_time_limit_seconds: the solver's budget
+        for a re-plan of n builds, min(limit, max(min, per_build * n)) (`solver_budget_s`).
+    solver_max_builds: above this many builds the heuristics' plan stands alone (the CP-SAT
+        model grows with builds x nodes).
+    """
+
+    replan_drift_margin: float = 0.25
+    replan_early_margin: float | None = None
+    solver_min_seconds: float = 2.0
+    solver_seconds_per_build: float = 0.6
+    solver_time_limit_seconds: float = 60.0
+    solver_max_builds: int = 300
+
+    def scaled(self, factor: float) -> "FollowSettings":
+        """The same settings with every solver budget figure times `factor` (the bench's)."""
+        return FollowSettings(
+            replan_drift_margin=self.replan_drift_margin,
+            replan_early_margin=self.replan_early_margin,
+            solver_min_seconds=self.solver_min_seconds * factor,
+            solver_seconds_per_build=self.solver_seconds_per_build * factor,
+            solver_time_limit_seconds=self.solver_time_limit_seconds * factor,
+            solver_max_builds=self.solver_max_builds,
+        )
+
+
+def solver_budget_s(builds: int, settings: FollowSettings) -> float:
+    """Seconds the solver gets for a re-plan of `builds` builds: a few for a few, about a minute
+    for a 100-build backfill with the defaults."""
+    return min(
+        settings.solver_time_limit_seconds,
+        max(settings.solver_min_seconds, settings.solver_seconds_per_build * builds),
+    )
+
+
+@dataclass(frozen=True)
+class PlannedBuild:
+    build: Build
+    node: str
+    est_start_s: float
+    est_finish_s: float
+
+
+@dataclass(frozen=True)
+class PlanView:
+    """The plan being followed: per node, the builds not yet started in order, with estimates.
+
+    `makespan_s` is the expected finish of everything planned or running (absolute);
+    `strategy` what produced the plan ("default(peft)", "solver", ...); `reason` why it was
+    made; `solver` what the solver is doing or did for it.
+    """
+
+    strategy: str
+    generation: int
+    made_s: float
+    makespan_s: float
+    reason: str
+    solver: str
+    queues: Mapping[str, tuple[PlannedBuild, ...]]

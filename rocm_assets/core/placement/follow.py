@@ -1,0 +1,560 @@
+"""The plan follower: what the run coordinator starts on each daemon tick, and the plan behind it.
+
+A `PlanFollower` keeps one plan for everything pending and follows it: each node takes its
+planned builds in plan order, each once its inputs are published and the node is free. A tick
+that follows compares the farm with the last tick (set differences) and looks only at what
+changed: the node queues' heads and the builds whose inputs moved. It does not schedule.
+
+It re-plans when reality drifts from the plan (`FarmState` is what the caller knows):
+
+- a new pending build (a new request), or a planned build that left the queue without running;
+- the usable node set changed (a node disappeared, failed its probe or came back);
+- a build running past its estimate by `replan_drift_margin` of it (the plan's ends are then
+  pushed out by the same share, so a slow build re-plans a few times, not every tick);
+- a build finishing `replan_early_margin` of its estimate early (off by default: measured in
+  docs/benchmarks.md, it did not pay);
+- an input known not to be published (its run failed or was cancelled) or published again,
+  a node held longer than planned by something outside the plan, a build started elsewhere.
+
+A re-plan adopts at once the shortest of the heuristics' plans (`run_default`) and of the old
+plan's remainder re-timed (so drift does not throw away a solver plan that still holds), then
+hands the problem to a `SolverRunner` for a CP-SAT plan warm-started from it, with a budget that
+grows with the builds at stake (`solver_budget_s`). The tick never waits for the solver: when a
+result for the current plan generation arrives and is shorter, the follower switches to it; a
+result for an older generation is dropped.
+
+Times are on the caller's clock (`now_s`, absolute seconds); a plan's times are its estimates.
+"""
+
+from collections import deque
+from collections.abc import Mapping, Sequence
+from typing import NamedTuple
+
+from rocm_assets.core.builds import Build
+from rocm_assets.core.placement.cost import PlacementError
+from rocm_assets.core.placement.farm import (
+    FarmState,
+    FollowSettings,
+    PlannedBuild,
+    PlanView,
+    Running,
+    solver_budget_s,
+)
+from rocm_assets.core.placement.heuristics import run_default
+from rocm_assets.core.placement.online import Decision, Start, Waiting
+from rocm_assets.core.placement.problem import (
+    EPS,
+    Assignment,
+    Index,
+    Placed,
+    Problem,
+    Run,
+    Schedule,
+    build_key,
+    left_shift,
+)
+from rocm_assets.core.placement.runners import SolveRequest, SolverRunner
+from rocm_assets.core.solver import SOLVER_STRATEGY, ortools_missing
+
+# A running build past its estimate is planned to need at least this much more.
+MIN_REMAINING_S = 1.0
+
+
+class _Slot(NamedTuple):
+    node: str
+    start_s: float
+    end_s: float
+
+
+class PlanFollower:
+    """Follows a plan for the pending builds; re-plans on drift (module docstring).
+
+    `tick(state)` returns which builds start now (at most one per free node) and why each other
+    pending build waits; `plan()` the plan being followed; `notes()` one-line messages for the
+    caller to log once (the solver is missing, or failed). No tick raises on ordinary drift.
+    `runner` None plans with the heuristics alone.
+    """
+
+    def __init__(
+        self, runner: SolverRunner | None = None, settings: FollowSettings | None = None
+    ) -> None:
+        self._runner = runner
+        self.settings = settings or FollowSettings()
+        self._notes: list[str] = []
+        self._said: set[str] = set()
+        self._solver_off: str | None = None
+        if runner is not None:
+            missing = ortools_missing()
+            if missing:
+                self._solver_off = missing
+                self._note(f"placement plans with the heuristics alone: {missing}")
+        self.replans = 0
+        self._generation = 0
+        self._has_plan = False
+        self._label = ""
+        self._reason = ""
+        self._solver_status = "off" if runner is None else (self._solver_off or "idle")
+        self._error: str | None = None
+        self._made_s = 0.0
+        self._span_s = 0.0
+        self._makespan_s = 0.0
+        self._ix: Index | None = None
+        self._avail0: list[float] = []
+        self._moved = False
+        self._slots: dict[Build, _Slot] = {}
+        self._prev: dict[Build, Build] = {}
+        self._queues: dict[str, deque[Build]] = {}
+        self._queued: set[Build] = set()
+        self._known: set[Build] = set()
+        self._emitted: set[Build] = set()
+        self._blocked: dict[Build, Waiting] = {}
+        self._inputs: set[Build] = set()
+        self._blocking: frozenset[Build] = frozenset()
+        self._dependents: dict[Build, list[Build]] = {}
+        self._node_names: frozenset[str] = frozenset()
+        self._busy: dict[str, float] = {}
+        self._assumed_end: dict[Build, float] = {}
+        self._waiting: dict[Build, Waiting] = {}
+        self._last_pending: set[Build] = set()
+        self._last_running: dict[Build, Running] = {}
+
+    # ---- the tick ----
+    def tick(self, state: FarmState) -> Decision:
+        why = self._drift(state)
+        if why is not None:
+            self._replan(state, why)
+        self._take_solver_result(state)
+        decision = self._follow(state)
+        self._last_pending = set(state.pending)
+        self._last_running = dict(state.running)
+        return decision
+
+    def notes(self) -> list[str]:
+        """Messages not yet handed out, each said once: log them."""
+        out, self._notes = self._notes, []
+        return out
+
+    def close(self) -> None:
+        if self._runner is not None:
+            self._runner.close()
+
+    def plan(self) -> PlanView | None:
+        if not self._has_plan:
+            return None
+        queues = {
+            node: tuple(PlannedBuild(b, node, *self._slots[b][1:]) for b in q)
+            for node, q in sorted(self._queues.items())
+            if q
+        }
+        return PlanView(
+            self._label or "none",
+            self._generation,
+            self._made_s,
+            self._makespan_s,
+            self._reason,
+            self._solver_status,
+            queues,
+        )
+
+    def next_check_s(self) -> float | None:
+        """The earliest time a running build would count as overdue (for a simulator's clock)."""
+        margin = self.settings.replan_drift_margin
+        times = [
+            end + margin * max(0.0, end - r.started_s)
+            for b, r in self._last_running.items()
+            if (end := self._assumed_end.get(b)) is not None
+        ]
+        return min(times, default=None)
+
+    def _note(self, message: str) -> None:
+        if message not in self._said:
+            self._said.add(message)
+            self._notes.append(message)
+
+    # ---- drift ----
+    def _drift(self, s: FarmState) -> str | None:
+        """Why the plan no longer holds, or None: checks only what changed."""
+        if not self._has_plan:
+            return "first plan"
+        now, pending, running = s.now_s, s.pending, s.running
+        names = frozenset(node.name for node in s.nodes)
+        if names != self._node_names:
+            change = [f"-{n}" for n in sorted(self._node_names - names)]
+            change += [f"+{n}" for n in sorted(names - self._node_names)]
+            return f"nodes changed: {' '.join(change)}"
+        new = pending.keys() - self._known
+        if new:
+            more = f" and {len(new) - 1} more" if len(new) > 1 else ""
+            return f"new request: {min(new, key=build_key)}{more}"
+        for b in self._queued - pending.keys():
+            r = running.get(b)
+            if r is not None:
+                if r.node != self._slots[b].node:
+                    return f"{b} started on {r.node}, planned on {self._slots[b].node}"
+            elif b in s.unpublished:
+                return f"{b} was not published: {s.unpublished[b]}"
+            elif b not in self._emitted:
+                return f"{b} left the queue without running"
+        margin = self.settings.replan_drift_margin
+        for b, r in running.items():
+            slot = self._slots.get(b)
+            if slot is not None and slot.node != r.node:
+                return f"{b} runs on {r.node}, planned on {slot.node}"
+            end = self._assumed_end.get(b)
+            if end is None:
+                if slot is None and b not in pending:
+                    return f"{b} runs on {r.node} outside the plan"
+                end = r.est_end_s
+            if now >= end + margin * max(0.0, end - r.started_s):
+                return f"{b} on {r.node} ran {margin:.0%} past its estimate"
+        early = self.settings.replan_early_margin
+        if early is not None:
+            for b in self._last_running.keys() - running.keys():
+                r = self._last_running[b]
+                end = self._assumed_end.get(b, r.est_end_s)
+                if now < end - early * max(0.0, end - r.started_s):
+                    return f"{b} finished {early:.0%} before its estimate"
+        if self._blocked_inputs(s) != self._blocking:
+            return "inputs known not to be published changed"
+        for node, until in s.busy.items():
+            if until <= now + EPS:
+                continue
+            planned = self._busy.get(node)
+            if planned is None:
+                return f"{node} is held outside the plan"
+            if until > planned + margin * max(0.0, planned - self._made_s) + EPS:
+                return f"{node} is held longer than planned"
+        return None
+
+    def _blocked_inputs(self, s: FarmState) -> frozenset[Build]:
+        unpublished = s.unpublished.keys() & self._inputs
+        return frozenset(d for d in unpublished if d not in s.pending and d not in s.running)
+
+    # ---- re-planning ----
+    def _replan(self, s: FarmState, why: str) -> None:
+        now, pending, running = s.now_s, s.pending, s.running
+        old_slots, old_label = self._slots, self._label
+        self._generation += 1
+        self.replans += 1
+        self._has_plan = True
+        self._reason = why
+        self._error = None
+        self._made_s = now
+        self._moved = False
+        self._node_names = frozenset(node.name for node in s.nodes)
+        self._known = set(pending)
+        self._inputs = set().union(*pending.values()) if pending else set()
+        self._blocking = self._blocked_inputs(s)
+        self._busy = {node: t for node, t in s.busy.items() if t > now + EPS}
+        self._emitted = set()
+        self._dependents = {}
+        for b, deps in pending.items():
+            for d in deps:
+                self._dependents.setdefault(d, []).append(b)
+        self._blocked = self._find_blocked(s)
+        margin = self.settings.replan_drift_margin
+        assumed: dict[Build, float] = {}
+        for b, r in running.items():
+            end = self._assumed_end.get(b, r.est_end_s)
+            if now > end:
+                # Overdue: expect it to run the margin's share of its elapsed time longer.
+                end = r.started_s + (1 + margin) * (now - r.started_s)
+            assumed[b] = max(end, now + MIN_REMAINING_S)
+        self._assumed_end = assumed
+        self._set_plan(None, [], Run([], [], []), "", now)
+        builds = tuple(b for b in pending if b not in running and b not in self._blocked)
+        if builds and s.nodes:
+            try:
+                problem, busy_until = self._problem(s, builds)
+                ix = problem.index
+            except PlacementError as exc:
+                self._error = str(exc)
+                self._note(f"placement cannot plan: {exc}")
+            else:
+                avail0 = ix.avail(busy_until)
+                name, run = run_default(ix, avail0)
+                label = f"default({name})"
+                kept = _remainder(ix, avail0, old_slots)
+                if kept is not None and kept.makespan <= run.makespan + EPS:
+                    run, label = kept, old_label
+                self._set_plan(ix, avail0, run, label, now)
+                self._ask_solver(problem, busy_until, run, label)
+        self._waiting = {b: self._why(b, s) for b in pending}
+
+    def _problem(self, s: FarmState, builds: tuple[Build, ...]) -> tuple[Problem, dict[str, float]]:
+        """`builds` as a problem from now: running builds placed until their assumed ends,
+        finished ones on the node they were built on."""
+        now = s.now_s
+        placed = {
+            b: Placed(node, 0.0)
+            for b, node in s.built_on.items()
+            if b not in s.pending and b not in s.running
+        }
+        for b, r in s.running.items():
+            placed[b] = Placed(r.node, self._assumed_end.get(b, r.est_end_s) - now)
+        busy_until = {node: t - now for node, t in s.busy.items() if t > now}
+        return Problem(builds, dict(s.pending), tuple(s.nodes), s.cost, placed), busy_until
+
+    def _find_blocked(self, s: FarmState) -> dict[Build, Waiting]:
+        """Pending builds that cannot start until an unpublished input is built again, and the
+        pending builds below them; and builds already running (a duplicate request)."""
+        blocked: dict[Build, Waiting] = {}
+        for b, deps in s.pending.items():
+            r = s.running.get(b)
+            if r is not None:
+                blocked[b] = Waiting(f"{b} is already running on {r.node}", node=r.node)
+                continue
+            bad = sorted(
+                (
+                    d
+                    for d in deps
+                    if d in s.unpublished and d not in s.pending and d not in s.running
+                ),
+                key=build_key,
+            )
+            if bad:
+                blocked[b] = Waiting(
+                    f"waits for {bad[0]}: not published ({s.unpublished[bad[0]]})", deps=(bad[0],)
+                )
+        todo = [b for b, w in blocked.items() if w.deps]
+        while todo:
+            b = todo.pop()
+            for c in self._dependents.get(b, ()):
+                if c not in blocked:
+                    blocked[c] = Waiting(f"waits for {b}, which {blocked[b].reason}", deps=(b,))
+                    todo.append(c)
+        return blocked
+
+    def _set_plan(
+        self, ix: Index | None, avail0: Sequence[float], run: Run, label: str, origin: float
+    ) -> None:
+        """Adopt `run` (times from `origin`, nodes free at `avail0`) for the builds of `ix`."""
+        self._ix = ix
+        self._avail0 = list(avail0)
+        self._label = label
+        self._made_s = origin
+        self._span_s = run.makespan
+        self._slots, self._prev, self._queues = {}, {}, {}
+        if ix is not None:
+            topo = [0] * len(ix.builds)
+            for k, i in enumerate(ix.topo):
+                topo[i] = k
+            order = sorted(range(len(ix.builds)), key=lambda i: (run.start[i], run.end[i], topo[i]))
+            for i in order:
+                b, node = ix.builds[i], ix.names[run.node_of[i]]
+                queue = self._queues.setdefault(node, deque())
+                if queue:
+                    self._prev[b] = queue[-1]
+                queue.append(b)
+                self._slots[b] = _Slot(node, origin + run.start[i], origin + run.end[i])
+        self._queued = set(self._slots)
+        self._makespan_s = max([origin + run.makespan, *self._assumed_end.values()])
+
+    # ---- the solver ----
+    def _ask_solver(
+        self, problem: Problem, busy_until: Mapping[str, float], run: Run, label: str
+    ) -> None:
+        if self._runner is None or self._solver_off:
+            return
+        ix, n = problem.index, len(problem.builds)
+        if n < 2:
+            # One build: the earliest finish the heuristics pick is optimal.
+            self._solver_status = "not needed for one build"
+            return
+        if n > self.settings.solver_max_builds:
+            self._solver_status = (
+                f"skipped: {n} builds, over solver_max_builds={self.settings.solver_max_builds}"
+            )
+            return
+        hint = Schedule(
+            label,
+            tuple(
+                Assignment(b, ix.names[run.node_of[i]], run.start[i], run.end[i])
+                for i, b in enumerate(ix.builds)
+            ),
+            run.makespan,
+            0.0,
+        )
+        budget = solver_budget_s(n, self.settings)
+        self._solver_status = f"solving {n} builds for up to {budget:.3g} s"
+        self._runner.submit(SolveRequest(self._generation, problem, busy_until, hint, budget))
+
+    def _take_solver_result(self, s: FarmState) -> None:
+        if self._runner is None:
+            return
+        outcome = self._runner.poll()
+        if outcome is None or outcome.generation != self._generation:
+            return
+        if outcome.result is None:
+            message = outcome.error or "no result"
+            self._solver_status = f"failed: {message}"
+            self._note(f"placement solver failed, the heuristics' plan stands: {message}")
+            if message == ortools_missing():
+                self._solver_off = message
+            return
+        result = outcome.result
+        solved = {a.build: _Slot(a.node, a.start_s, a.end_s) for a in result.schedule.assignments}
+        if not self._moved and self._ix is not None:
+            # Nothing started since the plan was made: both plans start from its origin.
+            ix, avail0, origin, mine = self._ix, self._avail0, self._made_s, self._span_s
+        else:
+            # Builds started meanwhile: compare what is left of both plans from now.
+            builds = tuple(b for b in self._queued if b in s.pending and b not in s.running)
+            if not builds or not s.nodes:
+                return
+            try:
+                problem, busy_until = self._problem(s, builds)
+                ix = problem.index
+            except PlacementError:
+                return
+            avail0, origin = ix.avail(busy_until), s.now_s
+            current = _remainder(ix, avail0, self._slots)
+            mine = current.makespan if current is not None else float("inf")
+        theirs = _remainder(ix, avail0, solved)
+        gap = f"{result.status}, gap {100 * result.gap:.1f}%"
+        if theirs is not None and theirs.makespan < mine - EPS:
+            # The solver's own plan, or the warm start it could not better (the rollout's).
+            label = result.hint.strategy if result.kept_hint else SOLVER_STRATEGY
+            self._set_plan(ix, avail0, theirs, label, origin)
+            self._solver_status = (
+                f"adopted: {gap}, {100 * (1 - theirs.makespan / mine):.1f}% shorter"
+            )
+            self._waiting = {b: self._why(b, s) for b in s.pending}
+        else:
+            self._solver_status = f"kept {self._label}: {gap}, nothing shorter"
+
+    # ---- following ----
+    def _follow(self, s: FarmState) -> Decision:
+        now, pending, running = s.now_s, s.pending, s.running
+        left = self._last_pending - pending.keys()
+        self._known.difference_update(left)
+        touched: set[Build] = set()
+        for b in left | (self._last_running.keys() ^ running.keys()):
+            touched.update(self._dependents.get(b, ()))
+        held = {r.node for r in running.values()}
+        held.update(node for node, t in s.busy.items() if t > now + EPS)
+        starts: list[Start] = []
+        for node, queue in self._queues.items():
+            if queue and queue[0] not in pending:
+                while queue and queue[0] not in pending:
+                    self._queued.discard(queue.popleft())
+                self._moved = True
+                if queue:
+                    touched.add(queue[0])
+            if not queue or node in held or node not in self._node_names:
+                continue
+            head = queue[0]
+            if head in running or not self._ready(head, s):
+                continue
+            slot = self._slots[head]
+            finish = now + (slot.end_s - slot.start_s)
+            starts.append(Start(head, node, now, finish))
+            self._assumed_end[head] = finish
+            self._emitted.add(head)
+            self._moved = True
+        for b in left:
+            self._waiting.pop(b, None)
+        for b in touched:
+            if b in pending:
+                self._waiting[b] = self._why(b, s)
+        waiting = dict(self._waiting)
+        for start in starts:
+            waiting.pop(start.build, None)
+        starts.sort(key=lambda x: (x.node, build_key(x.build)))
+        return Decision(self._label or "none", tuple(starts), waiting)
+
+    def _ready(self, b: Build, s: FarmState) -> bool:
+        return not any(
+            d in s.pending or d in s.running or d in s.unpublished for d in s.pending.get(b, ())
+        )
+
+    def _why(self, b: Build, s: FarmState) -> Waiting:
+        blocked = self._blocked.get(b)
+        if blocked is not None:
+            return blocked
+        slot = self._slots.get(b)
+        if slot is None:
+            return Waiting(self._error or "no usable build node")
+        unfinished = tuple(
+            sorted(
+                (d for d in s.pending.get(b, ()) if d in s.pending or d in s.running),
+                key=build_key,
+            )
+        )
+        if unfinished:
+            reason = f"waits for {', '.join(map(str, unfinished))}"
+        else:
+            queue = self._queues.get(slot.node)
+            prev = self._prev.get(b)
+            if prev is None or (queue and queue[0] == b):
+                reason = f"next on {slot.node} once it is free"
+            else:
+                reason = f"planned on {slot.node} after {prev}"
+        return Waiting(reason, deps=unfinished, node=slot.node, est_start_s=slot.start_s)
+
+
+def _remainder(
+    ix: Index, avail0: Sequence[float], slots: Mapping[Build, tuple[str, float, float]]
+) -> Run | None:
+    """The plan `slots` (node, start, end per build) for the builds of `ix`, re-timed from
+    `avail0` by following it: each node in the plan's order, each build once its inputs are
+    pushed. None when it misses a build or names a node `ix` lacks."""
+    if not slots:
+        return None
+    node_pos = {name: p for p, name in enumerate(ix.names)}
+    n = len(ix.builds)
+    topo = [0] * n
+    for k, i in enumerate(ix.topo):
+        topo[i] = k
+    node_of = [0] * n
+    keys: list[tuple[float, int, int]] = []
+    for i, b in enumerate(ix.builds):
+        slot = slots.get(b)
+        p = None if slot is None else node_pos.get(slot[0])
+        if slot is None or p is None:
+            return None
+        node_of[i] = p
+        keys.append((slot[1], topo[i], i))
+    # A valid plan starts every input before its dependents; ties go in dependency order.
+    order = [i for *_, i in sorted(keys)]
+    return left_shift(ix, node_of, order, avail0)
+
+
+class SimulatedCoordinator:
+    """The run coordinator's placement as a policy of `simulate.simulate`: a PlanFollower ticked
+    at every event with the state the coordinator passes it (pending builds and their deps,
+    running builds with estimated ends, the node each finished build is on). Use as
+    `simulate(problem, c, label, wake=c.wake)`, so drift is seen when it happens, as the
+    daemon's frequent ticks see it."""
+
+    def __init__(
+        self,
+        problem: Problem,
+        runner: SolverRunner | None,
+        settings: FollowSettings | None = None,
+    ) -> None:
+        self.problem = problem
+        self.follower = PlanFollower(runner, settings)
+        self._nodes = list(problem.nodes)
+
+    def __call__(
+        self,
+        now: float,
+        pending: set[Build],
+        running: dict[Build, Running],
+        pushed: dict[Build, str],
+    ) -> list[tuple[Build, str]]:
+        empty: frozenset[Build] = frozenset()
+        deps = self.problem.deps
+        state = FarmState(
+            now_s=now,
+            pending={b: deps.get(b, empty) for b in pending},
+            running=dict(running),
+            nodes=self._nodes,
+            cost=self.problem.cost,
+            built_on=dict(pushed),
+        )
+        return [(s.build, s.node) for s in self.follower.tick(state).starts]
+
+    def wake(self) -> float | None:
+        return self.follower.next_check_s()

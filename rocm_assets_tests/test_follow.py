@@ -1,0 +1,442 @@
+"""The plan follower: following a plan, re-planning on drift, the solver runners, noisy runs.
+
+No server is involved: the follower is pure. Real parts: OR-Tools CP-SAT solves inline and in the
+background thread (`ThreadSolver` runs a real thread); the simulator plays whole runs. The fleet
+and costs are the placement tests' stand-ins. Loops that wait for the thread have a deadline so
+a regression fails rather than hangs; nothing asserts a time.
+"""
+
+import random
+import sys
+import time
+from collections.abc import Mapping
+
+import pytest
+
+from rocm_assets.core.placement import Build, CostModel, Problem, plan
+from rocm_assets.core.placement.bounds import validate_schedule
+from rocm_assets.core.placement.farm import FarmState, FollowSettings, Running, solver_budget_s
+from rocm_assets.core.placement.follow import PlanFollower, SimulatedCoordinator
+from rocm_assets.core.placement.runners import InlineSolver, SolveOutcome, ThreadSolver
+from rocm_assets.core.placement.simulate import SimulationError, noise_factors, simulate
+from rocm_assets.core.solver import solve
+from rocm_assets_tests.helpers.placement import (
+    FakeCost,
+    FakeFleet,
+    FakeNode,
+    ScriptedRunner,
+    random_problem,
+)
+
+N1, N2 = FakeNode("n1"), FakeNode("n2")
+A, B, C, D = Build("a"), Build("b"), Build("c"), Build("d")
+# Tiny images: transfers cost well under a second, so the times below are the build seconds.
+COSTS = {t: FakeCost(100.0, 0.0001) for t in "abcd"}
+COST = CostModel(FakeFleet((N1, N2), COSTS))
+DEADLINE_S = 60.0
+
+
+def farm(
+    now: float,
+    pending: Mapping[Build, frozenset[Build]],
+    running: Mapping[Build, Running] | None = None,
+    nodes: tuple[FakeNode, ...] = (N1, N2),
+    **extra: object,
+) -> FarmState:
+    return FarmState(now, pending, running or {}, nodes, COST, **extra)  # type: ignore[arg-type]
+
+
+def chain() -> dict[Build, frozenset[Build]]:
+    """b needs a; c stands alone."""
+    return {A: frozenset(), B: frozenset({A}), C: frozenset()}
+
+
+def started(follower: PlanFollower, state: FarmState) -> dict[Build, str]:
+    return {s.build: s.node for s in follower.tick(state).starts}
+
+
+def test_first_tick_plans_and_starts_one_eligible_build_per_free_node() -> None:
+    follower = PlanFollower()
+    decision = follower.tick(farm(0.0, chain()))
+    assert {s.build for s in decision.starts} == {A, C}
+    assert len({s.node for s in decision.starts}) == 2
+    assert all(
+        s.est_start_s == 0.0 and s.est_finish_s == pytest.approx(100, abs=1)
+        for s in decision.starts
+    )
+    assert decision.waiting[B].reason == "waits for a" and decision.waiting[B].deps == (A,)
+    view = follower.plan()
+    assert view is not None and view.strategy.startswith("default(") and view.reason == "first plan"
+    assert sorted(b for q in view.queues.values() for b in (p.build for p in q)) == [A, B, C]
+    assert view.makespan_s == pytest.approx(200, abs=1)
+    # The same state again (the caller did not apply the starts): the same starts, no re-plan.
+    again = follower.tick(farm(5.0, chain())).starts
+    assert [(s.build, s.node) for s in again] == [(s.build, s.node) for s in decision.starts]
+    assert follower.replans == 1
+
+
+def test_each_node_takes_its_planned_builds_in_order_once_inputs_are_published() -> None:
+    follower = PlanFollower()
+    first = started(follower, farm(0.0, chain()))
+    view = follower.plan()
+    assert view is not None
+    (b_node,) = [node for node, q in view.queues.items() if any(p.build == B for p in q)]
+    # b is planned after a on a's node: locality, no pull.
+    assert first[A] == b_node
+    running = {A: Running(first[A], 0.0, 100.0), C: Running(first[C], 0.0, 100.0)}
+    mid = follower.tick(farm(50.0, {B: frozenset({A})}, running))
+    assert mid.starts == () and mid.waiting[B].reason == "waits for a"
+    done = follower.tick(farm(100.0, {B: frozenset({A})}, {}, built_on={A: first[A], C: first[C]}))
+    assert [(s.build, s.node) for s in done.starts] == [(B, b_node)]
+    assert follower.replans == 1
+
+
+class FirstPlan:
+    """A coordinator policy that keeps the follower's first plan: per node queue and finish."""
+
+    def __init__(self, coordinator: SimulatedCoordinator) -> None:
+        self.coordinator = coordinator
+        self.queues: dict[str, list[Build]] = {}
+        self.makespan_s = 0.0
+
+    def __call__(
+        self,
+        now: float,
+        pending: set[Build],
+        running: dict[Build, Running],
+        pushed: dict[Build, str],
+    ) -> list[tuple[Build, str]]:
+        out = self.coordinator(now, pending, running, pushed)
+        view = self.coordinator.follower.plan()
+        if not self.queues and view is not None:
+            self.queues = {n: [x.build for x in q] for n, q in view.queues.items()}
+            self.makespan_s = view.makespan_s
+        return out
+
+
+def test_a_followed_plan_on_exact_estimates_never_replans_and_keeps_its_makespan() -> None:
+    rng = random.Random(7)
+    for case in range(15):
+        p = random_problem(rng)
+        problem = Problem(p.builds, p.deps, p.nodes, p.cost)
+        coordinator = SimulatedCoordinator(problem, None)
+        first = FirstPlan(coordinator)
+        schedule = simulate(problem, first, "coordinator", wake=coordinator.wake)
+        assert coordinator.follower.replans == 1, case
+        assert schedule.makespan_s == pytest.approx(first.makespan_s), case
+        by_node: dict[str, list[Build]] = {}
+        for a in schedule.assignments:
+            by_node.setdefault(a.node, []).append(a.build)
+        assert by_node == first.queues, case
+
+
+def test_a_new_request_replans() -> None:
+    follower = PlanFollower()
+    follower.tick(farm(0.0, chain()))
+    pending = {**chain(), D: frozenset({C})}
+    follower.tick(farm(1.0, pending))
+    view = follower.plan()
+    assert follower.replans == 2 and view is not None and view.reason == "new request: d"
+    assert D in {p.build for q in view.queues.values() for p in q}
+
+
+def test_a_build_running_past_its_estimate_by_the_margin_replans_once() -> None:
+    follower = PlanFollower(settings=FollowSettings(replan_drift_margin=0.25))
+    first = started(follower, farm(0.0, chain()))
+    running = {A: Running(first[A], 0.0, 100.0), C: Running(first[C], 0.0, 100.0)}
+    # c is done at 100; a is still running.
+    late = {A: running[A]}
+    follower.tick(farm(100.0, {B: frozenset({A})}, late, built_on={C: first[C]}))
+    follower.tick(farm(124.0, {B: frozenset({A})}, late, built_on={C: first[C]}))
+    assert follower.replans == 1
+    # a's estimate is 100 s plus well under a second of transfers: 25% past it is just over 125.
+    follower.tick(farm(126.0, {B: frozenset({A})}, late, built_on={C: first[C]}))
+    view = follower.plan()
+    assert follower.replans == 2 and view is not None
+    assert view.reason == "a on " + first[A] + " ran 25% past its estimate"
+    # The plan now expects a to take 25% of its 126 s more: no re-plan at the next ticks.
+    assert follower.next_check_s() == pytest.approx(126 * 1.25 * 1.25)
+    follower.tick(farm(130.0, {B: frozenset({A})}, late, built_on={C: first[C]}))
+    assert follower.replans == 2
+    # b still follows a's node once a is done.
+    done = follower.tick(farm(150.0, {B: frozenset({A})}, built_on={A: first[A], C: first[C]}))
+    assert [s.build for s in done.starts] == [B]
+
+
+def test_a_cancelled_input_is_not_published_and_its_dependents_wait() -> None:
+    follower = PlanFollower()
+    pending = {A: frozenset(), B: frozenset({A}), C: frozenset({B})}
+    follower.tick(farm(0.0, pending))
+    # a's run was cancelled before it started: it leaves the queue and is known unpublished.
+    why = {A: "run 1a2b3c4d was cancelled"}
+    rest = {B: frozenset({A}), C: frozenset({B})}
+    decision = follower.tick(farm(10.0, rest, unpublished=why))
+    assert decision.starts == ()
+    assert follower.replans == 2
+    assert decision.waiting[B].reason == "waits for a: not published (run 1a2b3c4d was cancelled)"
+    assert decision.waiting[C].reason == (
+        "waits for b, which waits for a: not published (run 1a2b3c4d was cancelled)"
+    )
+    # Nodes free, nothing changes: still nothing starts, and no more re-plans.
+    assert follower.tick(farm(20.0, rest, unpublished=why)).starts == ()
+    assert follower.replans == 2
+    # a requested again: the plan takes it, then b and c behind it.
+    again = follower.tick(farm(30.0, {A: frozenset(), **rest}, unpublished=why))
+    assert [s.build for s in again.starts] == [A] and follower.replans == 3
+
+
+def test_a_failed_running_build_blocks_its_dependents() -> None:
+    follower = PlanFollower()
+    first = started(follower, farm(0.0, chain()))
+    running = {A: Running(first[A], 0.0, 100.0)}
+    follower.tick(farm(10.0, {B: frozenset({A})}, running))
+    decision = follower.tick(farm(40.0, {B: frozenset({A})}, unpublished={A: "run failed"}))
+    assert decision.starts == () and follower.replans == 2
+    assert decision.waiting[B].reason == "waits for a: not published (run failed)"
+
+
+def test_a_node_that_disappears_or_comes_back_replans() -> None:
+    follower = PlanFollower()
+    follower.tick(farm(0.0, {b: frozenset() for b in (A, B, C, D)}, nodes=(N1, N2)))
+    follower.tick(farm(1.0, {b: frozenset() for b in (A, B, C, D)}, nodes=(N1,)))
+    view = follower.plan()
+    assert follower.replans == 2 and view is not None and view.reason == "nodes changed: -n2"
+    assert set(view.queues) == {"n1"}
+    follower.tick(farm(2.0, {b: frozenset() for b in (A, B, C, D)}, nodes=(N1, N2)))
+    view = follower.plan()
+    assert follower.replans == 3 and view is not None and view.reason == "nodes changed: +n2"
+    assert set(view.queues) == {"n1", "n2"}
+
+
+def test_a_node_held_outside_the_plan_takes_nothing_until_free() -> None:
+    follower = PlanFollower()
+    pending = {A: frozenset(), C: frozenset()}
+    decision = follower.tick(farm(0.0, pending, busy={"n1": 500.0}))
+    assert {s.node for s in decision.starts} == {"n2"} and len(decision.starts) == 1
+    follower.tick(farm(10.0, pending, busy={"n1": 500.0}))
+    assert follower.replans == 1
+    # Held much longer than planned: re-plan.
+    follower.tick(farm(20.0, pending, busy={"n1": 5000.0}))
+    view = follower.plan()
+    assert follower.replans == 2 and view is not None
+    assert view.reason == "n1 is held longer than planned"
+
+
+def test_a_build_started_on_another_node_replans() -> None:
+    follower = PlanFollower()
+    first = started(follower, farm(0.0, chain()))
+    other = "n2" if first[A] == "n1" else "n1"
+    # Something else started a on the node the plan gave c, before c started there.
+    moved = {A: Running(other, 0.0, 100.0)}
+    follower.tick(farm(1.0, {B: frozenset({A}), C: frozenset()}, moved))
+    view = follower.plan()
+    assert follower.replans == 2 and view is not None
+    assert view.reason == f"a started on {other}, planned on {first[A]}"
+
+
+def test_unknown_inputs_count_as_published_and_bad_input_never_raises() -> None:
+    follower = PlanFollower()
+    ghost = Build("ghost")
+    assert [s.build for s in follower.tick(farm(0.0, {A: frozenset({ghost})})).starts] == [A]
+    # No nodes at all: everything waits, nothing raises.
+    waiting = PlanFollower().tick(farm(0.0, chain(), nodes=())).waiting
+    assert {w.reason for w in waiting.values()} == {"no usable build node"}
+    # A dependency cycle: every build waits with the error, said once in the notes.
+    cyclic = PlanFollower()
+    decision = cyclic.tick(farm(0.0, {A: frozenset({B}), B: frozenset({A})}))
+    assert decision.starts == ()
+    assert {w.reason for w in decision.waiting.values()} == {"dependency cycle among builds: a, b"}
+    assert cyclic.notes() == ["placement cannot plan: dependency cycle among builds: a, b"]
+    cyclic.tick(farm(1.0, {A: frozenset({B}), B: frozenset({A})}))
+    assert cyclic.notes() == []
+    # A build both pending and running (a duplicate request): it waits, the running one stands.
+    dup = PlanFollower().tick(farm(0.0, {A: frozenset()}, {A: Running("n1", 0.0, 100.0)}))
+    assert dup.starts == () and dup.waiting[A].reason == "a is already running on n1"
+
+
+def test_waiting_reasons_name_the_queue_position() -> None:
+    follower = PlanFollower()
+    pending = {b: frozenset() for b in (A, B, C, D)}
+    decision = follower.tick(farm(0.0, pending, nodes=(N1,)))
+    assert [s.build for s in decision.starts] == [A]
+    assert decision.waiting[B].reason == "planned on n1 after a"
+    assert decision.waiting[D].reason == "planned on n1 after c"
+    after = follower.tick(
+        farm(1.0, {b: frozenset() for b in (B, C, D)}, {A: Running("n1", 0.0, 100.0)}, nodes=(N1,))
+    )
+    assert after.waiting[B].reason == "next on n1 once it is free"
+    assert after.waiting[B].est_start_s == pytest.approx(100, abs=1)
+
+
+def test_solver_budget_grows_with_the_builds_at_stake() -> None:
+    s = FollowSettings(
+        solver_min_seconds=2, solver_seconds_per_build=0.6, solver_time_limit_seconds=60
+    )
+    assert solver_budget_s(1, s) == 2
+    assert solver_budget_s(10, s) == pytest.approx(6)
+    assert solver_budget_s(100, s) == 60
+    assert solver_budget_s(1000, s) == 60
+    assert solver_budget_s(100, s.scaled(0.5)) == 30
+
+
+def test_the_solver_plan_is_adopted_only_when_shorter_and_current() -> None:
+    rng = random.Random(36)
+    p = random_problem(rng, max_nodes=4, max_targets=8)
+    pending = {b: p.deps.get(b, frozenset()) for b in p.builds}
+    runner = ScriptedRunner()
+    follower = PlanFollower(runner)
+    state = FarmState(0.0, pending, {}, p.nodes, p.cost)
+    follower.tick(state)
+    (request,) = runner.requests
+    assert request.generation == 1 and request.time_limit_s == solver_budget_s(
+        len(pending), follower.settings
+    )
+    heuristic = follower.plan()
+    assert heuristic is not None and heuristic.strategy.startswith("default(")
+    result = solve(request.problem, 5.0, request.busy_until, workers=1, hint=request.hint)
+    assert result.schedule.makespan_s < request.hint.makespan_s - 1  # this instance: solver wins
+    # A result for another generation is dropped.
+    runner.outcomes.append(SolveOutcome(0, result))
+    follower.tick(state)
+    assert follower.plan().strategy == heuristic.strategy  # type: ignore[union-attr]
+    # The current generation's, shorter: adopted, and the plan's finish moves up.
+    runner.outcomes.append(SolveOutcome(1, result))
+    decision = follower.tick(state)
+    view = follower.plan()
+    assert view is not None and view.strategy == decision.strategy == "solver"
+    assert view.makespan_s == pytest.approx(result.schedule.makespan_s)
+    assert view.solver.startswith("adopted: OPTIMAL")
+    # A failure is said once and the plan stands.
+    runner.outcomes.append(SolveOutcome(1, None, "boom"))
+    follower.tick(state)
+    assert follower.notes() == ["placement solver failed, the heuristics' plan stands: boom"]
+    assert follower.plan().strategy == "solver"  # type: ignore[union-attr]
+
+
+def test_inline_solver_plans_are_never_longer_than_the_heuristics() -> None:
+    adopted = 0
+    for seed in (18, 24, 34, 36, 3):
+        p = random_problem(random.Random(seed), max_nodes=4, max_targets=8)
+        problem = Problem(p.builds, p.deps, p.nodes, p.cost)
+        settings = FollowSettings(solver_min_seconds=0.2, solver_seconds_per_build=0.0)
+        follower = PlanFollower(InlineSolver(), settings)
+        follower.tick(
+            FarmState(
+                0.0,
+                {b: problem.deps.get(b, frozenset()) for b in problem.builds},
+                {},
+                problem.nodes,
+                problem.cost,
+            )
+        )
+        view = follower.plan()
+        assert view is not None
+        best = plan(problem, "default").makespan_s
+        assert view.makespan_s <= best + 1e-6, seed
+        adopted += view.strategy == "solver"
+    assert adopted >= 3
+
+
+def test_the_background_solver_never_blocks_a_tick_and_its_result_is_followed() -> None:
+    # Five builds where CP-SAT proves a plan 4% shorter than the heuristics' within the budget.
+    p = random_problem(random.Random(36), max_nodes=4, max_targets=8)
+    pending = {b: p.deps.get(b, frozenset()) for b in p.builds}
+    runner = ThreadSolver(workers=1)
+    follower = PlanFollower(
+        runner, FollowSettings(solver_min_seconds=2.0, solver_seconds_per_build=0.0)
+    )
+    state = FarmState(0.0, pending, {}, p.nodes, p.cost)
+    first = follower.tick(state)
+    # The first tick answers with the heuristics' plan; the solver works behind it.
+    assert first.strategy.startswith("default(")
+    deadline = time.monotonic() + DEADLINE_S
+    while follower.plan().solver.startswith("solving") and time.monotonic() < deadline:  # type: ignore[union-attr]
+        follower.tick(state)
+        time.sleep(0.05)
+    view = follower.plan()
+    assert view is not None and view.solver.startswith("adopted"), view.solver
+    assert view.strategy == "solver"
+    follower.close()
+    assert runner._thread is not None and not runner._thread.is_alive()
+
+
+def test_a_newer_request_stops_the_running_solve() -> None:
+    p = random_problem(random.Random(32), max_nodes=4, max_targets=8)
+    problem = Problem(p.builds, p.deps, p.nodes, p.cost)
+    hint = plan(problem, "greedy")
+    from rocm_assets.core.placement.runners import SolveRequest
+
+    runner = ThreadSolver(workers=1)
+    # Ten minutes for the first: only a stop ends it within the deadline below.
+    runner.submit(SolveRequest(1, problem, {}, hint, 600.0))
+    time.sleep(0.5)
+    runner.submit(SolveRequest(2, problem, {}, hint, 0.2))
+    deadline = time.monotonic() + DEADLINE_S
+    seen = []
+    while time.monotonic() < deadline and 2 not in seen:
+        outcome = runner.poll()
+        if outcome is not None:
+            seen.append(outcome.generation)
+        time.sleep(0.05)
+    assert 2 in seen and validate_schedule(problem, hint) == []
+    # A solve that would run for ten minutes is stopped by close.
+    runner.submit(SolveRequest(3, problem, {}, hint, 600.0))
+    time.sleep(0.5)
+    runner.close()
+    assert runner._thread is not None and not runner._thread.is_alive()
+    runner.submit(SolveRequest(4, problem, {}, hint, 0.2))
+    assert runner.poll() is None
+
+
+def test_without_ortools_the_heuristics_plan_alone_and_it_is_said_once(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setitem(sys.modules, "ortools.sat.python", None)
+    runner = ScriptedRunner()
+    follower = PlanFollower(runner)
+    notes = follower.notes()
+    assert len(notes) == 1 and notes[0].startswith("placement plans with the heuristics alone: ")
+    assert "pip install 'ortools>=9.10'" in notes[0]
+    decision = follower.tick(farm(0.0, chain()))
+    assert decision.strategy.startswith("default(") and {s.build for s in decision.starts} == {A, C}
+    assert runner.requests == [] and follower.notes() == []
+
+
+# --- noise -----------------------------------------------------------------------------------
+
+
+def test_noise_is_seeded_lognormal_and_noisy_runs_validate() -> None:
+    rng = random.Random(9)
+    p = random_problem(rng, max_nodes=6, max_targets=20)
+    problem = Problem(p.builds, p.deps, p.nodes, p.cost)
+    f1 = noise_factors(problem, "1:x")
+    assert f1 == noise_factors(problem, "1:x") and f1 != noise_factors(problem, "2:x")
+    assert all(f > 0 for f in f1.values())
+    many = noise_factors(
+        Problem(tuple(Build(f"t{k}") for k in range(2000)), {}, p.nodes, p.cost), "s"
+    )
+    values = sorted(many.values())
+    assert 0.95 < values[1000] < 1.05  # median about 1
+    # One sigma either side (15.9% and 84.1%): about exp(-0.3) = 0.74 and exp(0.3) = 1.35.
+    assert 0.68 < values[317] < 0.8 and 1.25 < values[1682] < 1.47
+    coordinator = SimulatedCoordinator(problem, InlineSolver(), FollowSettings().scaled(0.01))
+    noisy = simulate(problem, coordinator, "coordinator", factors=f1, wake=coordinator.wake)
+    # simulate validated it against the factors; without them the durations do not match.
+    assert validate_schedule(problem, noisy, f1) == []
+    assert any("the cost model says" in e for e in validate_schedule(problem, noisy))
+
+
+def test_noisy_runs_replan_and_stay_valid_on_random_instances() -> None:
+    rng = random.Random(12)
+    replanned = 0
+    for case in range(12):
+        p = random_problem(rng)
+        problem = Problem(p.builds, p.deps, p.nodes, p.cost)
+        factors = noise_factors(problem, f"{case}")
+        coordinator = SimulatedCoordinator(problem, None)
+        try:
+            simulate(problem, coordinator, "c", factors=factors, wake=coordinator.wake)
+        except SimulationError as exc:
+            pytest.fail(f"case {case}: {exc}")
+        replanned += coordinator.follower.replans > 1
+    assert replanned >= 6
