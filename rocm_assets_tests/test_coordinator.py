@@ -5,6 +5,8 @@ rocm-bake.hcl, and for the fan-out test a real code location served over gRPC. T
 Dagster's MockedRunLauncher: it records launches; the test finishes runs by reporting events.
 """
 
+import json
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -20,6 +22,7 @@ from dagster._core.test_utils import (
 from dagster._core.workspace.load_target import ModuleTarget
 from dagster._daemon.run_coordinator.queued_run_coordinator_daemon import QueuedRunCoordinatorDaemon
 
+from rocm_assets.cli.watch import frame
 from rocm_assets.core.bake import load_graph
 from rocm_assets.core.builds import Build, build_deps
 from rocm_assets.core.constants import (
@@ -35,7 +38,10 @@ from rocm_assets.core.constants import (
     ROCM_PLACEMENT_TAG,
     ROCM_WAITING_FOR_TAG,
 )
+from rocm_assets.core.fleet import load_fleet
 from rocm_assets.instance import claims
+from rocm_assets.instance.history import finished_builds, measured_durations
+from rocm_assets.instance.placer import PLAN_KEY
 from rocm_assets_tests.helpers import PROJECT_ROOT
 from rocm_assets_tests.helpers.instance import (
     BAKE,
@@ -345,7 +351,8 @@ def test_finished_inputs_are_known_by_the_node_that_built_them(
     )
     import time
 
-    built, failed = instance.run_coordinator.placer._finished(
+    built, failed = finished_builds(
+        instance,
         {Build("rocm-runtime", "gfx942"), Build("pytorch-src", None)},
         {"big", "mid", "small"},
         time.time(),
@@ -353,3 +360,65 @@ def test_finished_inputs_are_known_by_the_node_that_built_them(
     assert built == {Build("rocm-runtime", "gfx942"): "mid"}  # a failed build published nothing
     assert list(failed) == [Build("pytorch-src", None)]
     assert failed[Build("pytorch-src", None)][0].endswith("ended FAILURE")
+
+
+# ##### THE FOLLOWED PLAN, VISIBLE
+
+
+def test_the_followed_plan_is_stored_and_watch_shows_it(
+    instance: dg.DagsterInstance, fleet_file: Path
+) -> None:
+    for target, arch in (
+        ("rocm-runtime", "gfx942"),
+        ("pytorch-base", "gfx942"),
+        ("pytorch", "gfx942"),
+    ):
+        submit(instance, target, arch)
+    submit(instance, "pytorch-src", None)
+    iterate(instance)
+    stored = json.loads(instance.run_storage.get_cursor_values({PLAN_KEY})[PLAN_KEY])
+    planned = [b for queue in stored["queues"].values() for b, _, _ in queue]
+    # Each build is planned once, on the fleet's nodes; those that wait are in it (the two
+    # starting now drop out once a solver's plan for the same builds is taken).
+    assert len(planned) == len(set(planned))
+    assert (
+        {"pytorch-base@gfx942", "pytorch@gfx942"}
+        <= set(planned)
+        <= {
+            "pytorch-base@gfx942",
+            "pytorch@gfx942",
+            "pytorch-src",
+            "rocm-runtime@gfx942",
+        }
+    )
+    assert set(stored["queues"]) <= {"big", "small", "mid"}
+    assert stored["expected_finish"] > time.time() and stored["strategy"]
+    lines = frame(instance, load_fleet(fleet_file), time.time(), "http://ui")
+    header = next(line for line in lines if line.startswith("plan ("))
+    assert "expected finish" in header
+    assert any("pytorch@gfx942 +" in line for line in lines)
+
+
+def test_a_cache_hit_is_not_taken_as_a_build_time(
+    instance: dg.DagsterInstance, fleet_file: Path
+) -> None:
+    def built(seconds: float, cache_hit: bool) -> None:
+        instance.report_runless_asset_event(
+            dg.AssetMaterialization(
+                "pytorch",
+                partition="gfx942",
+                metadata={
+                    "node": "big",
+                    "max_jobs": 32,
+                    "duration_s": seconds,
+                    "cache_hit": cache_hit,
+                },
+            )
+        )
+
+    graph, fleet = load_graph(BAKE, {}), load_fleet(fleet_file)
+    built(6000.0, cache_hit=False)
+    built(40.0, cache_hit=True)  # every layer cached: the bake only re-pushed the manifest
+    built(7000.0, cache_hit=False)
+    # Both real builds, minus the push the model adds itself (6 GB at 1000 Mbit/s = 48 s).
+    assert measured_durations(instance, graph, fleet) == {("pytorch", "big", 32): 6452.0}

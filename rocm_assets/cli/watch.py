@@ -18,6 +18,7 @@ frame to show the answer in.
 """
 
 import argparse
+import json
 import os
 import shutil
 import sys
@@ -25,6 +26,7 @@ import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from typing import Any
 
 import dagster as dg
 
@@ -46,12 +48,15 @@ from rocm_assets.core.constants import (
 from rocm_assets.core.fleet import Fleet, Node, load_fleet
 from rocm_assets.core.probes import NodeProbe, ProbeCache, probe_fleet
 from rocm_assets.core.timefmt import duration, from_iso
+from rocm_assets.instance.placer import PLAN_KEY
 from rocm_assets.instance.runs import IN_FLIGHT_STATUSES
 
 BAR_WIDTH = 20
 PROBE_INTERVAL_S = 30.0
 PROBE_MAX_AGE_S = 120.0
 NOT_PROBED = "not probed (fleet figures)"
+# How many of each node's planned builds a frame lists.
+PLAN_SHOWN = 4
 # Home, then clear to the end of the screen: the new frame overwrites the old without flicker.
 _REDRAW = "\x1b[H\x1b[J"
 
@@ -152,14 +157,32 @@ def node_state(node: Node | None, probe: NodeProbe | None) -> tuple[str, str | N
     return ("reachable", None) if probe.ok else ("UNREACHABLE", probe.reason)
 
 
+def plan_lines(plan: Mapping[str, Any], now: float, shown: int = PLAN_SHOWN) -> list[str]:
+    """The coordinator's followed plan: when it expects to finish, and each node's queue."""
+    finish = float(plan.get("expected_finish", now))
+    when = datetime.fromtimestamp(finish, UTC).strftime("%H:%M UTC")
+    lines = [
+        f"plan ({plan.get('strategy', '?')}, solver {plan.get('solver', '?')}): expected finish "
+        f"{when}, in {duration(finish - now)}"
+    ]
+    queues: Mapping[str, list[list[Any]]] = plan.get("queues", {})
+    node_w = max((len(n) for n in queues), default=4)
+    for node, planned in queues.items():
+        items = [f"{build} +{duration(float(start) - now)}" for build, start, _ in planned[:shown]]
+        more = f", +{len(planned) - shown} more" if len(planned) > shown else ""
+        lines.append(f"  {node:<{node_w}}  {', '.join(items)}{more}")
+    return lines
+
+
 def render(
     records: Sequence[dg.RunRecord],
     nodes: Sequence[Node],
     now: float,
     url: str,
     probes: Mapping[str, NodeProbe] | None = None,
+    plan: Mapping[str, Any] | None = None,
 ) -> list[str]:
-    """One frame: a header, a line per node (with its reachability), then the queue."""
+    """One frame: a header, a line per node (with its reachability), the plan, then the queue."""
     builds = build_runs(records)
     holding = [b for b in builds if b.node and not b.waiting]
     queued = [b for b in builds if b.waiting]
@@ -195,6 +218,8 @@ def render(
             )
         if runs and reason:
             lines.append(f"  {'':<{node_w}}  {'':<{state_w}}  ({reason})")
+    if plan and queued:
+        lines.extend(plan_lines(plan, now))
     lines.append(f"queue ({len(queued)} waiting)" + (":" if queued else ""))
     names = [f"{b.target}@{b.arch}" if b.arch else b.target for b in queued]
     reasons = [b.waiting_for or "waiting for placement" for b in queued]
@@ -216,7 +241,12 @@ def frame(
     probes: Mapping[str, NodeProbe] | None = None,
 ) -> list[str]:
     records = instance.get_run_records(dg.RunsFilter(statuses=list(IN_FLIGHT_STATUSES)))
-    return render(records, fleet.nodes, now, url, probes)
+    stored = instance.run_storage.get_cursor_values({PLAN_KEY}).get(PLAN_KEY)
+    try:
+        plan = json.loads(stored) if stored else None
+    except ValueError:
+        plan = None  # a plan from another version: the queue still shows
+    return render(records, fleet.nodes, now, url, probes, plan if isinstance(plan, dict) else None)
 
 
 def _fit(lines: Sequence[str], width: int) -> str:

@@ -41,6 +41,7 @@ from rocm_assets.core.constants import (
     ROCM_TAG_PREFIX,
     ROCM_WAITING_FOR_TAG,
 )
+from rocm_assets.core.placement.farm import FollowSettings
 from rocm_assets.core.preflight import PreflightError, preflight
 from rocm_assets.core.probes import ProbeCache
 from rocm_assets.core.registry import RegistryClient, RegistryError
@@ -51,7 +52,7 @@ from rocm_assets.instance.dagster_internals import (
     called_by_run_queue_daemon,
     subset_run,
 )
-from rocm_assets.instance.placer import FarmFiles, Placer, PlacerSettings
+from rocm_assets.instance.placer import FOLLOW_PLAN, FarmFiles, Placer, PlacerSettings
 from rocm_assets.instance.runs import IN_FLIGHT_STATUSES, builds_of_run
 
 logger = logging.getLogger("rocm_assets.instance")
@@ -63,6 +64,7 @@ _SUBMIT_REGISTRY_OPTIONS = {
     "retries": 0,
     "deadline": 3.0,
 }
+_STRATEGIES = (FOLLOW_PLAN, *placement.STRATEGIES)
 # Dagster's partition tags a child run must not inherit from the request it was split from.
 _PARTITION_TAGS = (PARTITION_TAG, PARTITION_RANGE_START_TAG, PARTITION_RANGE_END_TAG)
 
@@ -74,7 +76,13 @@ class PlacementRunCoordinator(dg.QueuedRunCoordinator):
         self,
         bake_file: str | None = None,
         fleet_file: str | None = None,
-        strategy: str = "default",
+        strategy: str = FOLLOW_PLAN,
+        replan_drift_margin: float = 0.25,
+        solver: bool = True,
+        solver_min_seconds: float = 2.0,
+        solver_seconds_per_build: float = 0.6,
+        solver_time_limit_seconds: float = 60.0,
+        solver_workers: int = 1,
         probe_interval_seconds: int = 60,
         probe_max_age_seconds: int = 300,
         probe_nodes: bool = True,
@@ -83,7 +91,7 @@ class PlacementRunCoordinator(dg.QueuedRunCoordinator):
         **kwargs: Any,
     ):
         super().__init__(**kwargs)
-        if strategy not in placement.STRATEGIES:
+        if strategy not in _STRATEGIES:
             # dagster.yaml's Enum already refuses it; a direct construction gets the same word.
             raise placement.PlacementError(f"unknown placement strategy {strategy!r}")
         # Read in the submitting process and in the daemon, each keeping its own cache.
@@ -91,6 +99,14 @@ class PlacementRunCoordinator(dg.QueuedRunCoordinator):
         self._probes = ProbeCache(probe_interval_seconds, probe_max_age_seconds)
         self._settings = PlacerSettings(
             strategy=strategy,
+            follow=FollowSettings(
+                replan_drift_margin=replan_drift_margin,
+                solver_min_seconds=solver_min_seconds,
+                solver_seconds_per_build=solver_seconds_per_build,
+                solver_time_limit_seconds=solver_time_limit_seconds,
+            ),
+            solver=solver,
+            solver_workers=solver_workers,
             probe_nodes=probe_nodes,
             lease_seconds=float(lease_seconds),
             input_wait_seconds=float(input_wait_seconds),
@@ -112,10 +128,39 @@ class PlacementRunCoordinator(dg.QueuedRunCoordinator):
                 description="Fleet manifest. Default: $ROCM_FLEET_FILE, else ./fleet.yaml.",
             ),
             "strategy": dg.Field(
-                dg.Enum("PlacementStrategy", [dg.EnumValue(name) for name in placement.STRATEGIES]),
-                default_value="default",
-                description="Placement strategy: default (the best plan of the heuristics), greedy "
-                "(the seed's rule), critical-path or peft.",
+                dg.Enum("PlacementStrategy", [dg.EnumValue(name) for name in _STRATEGIES]),
+                default_value=FOLLOW_PLAN,
+                description="plan: follow the best plan found (the heuristics at once, CP-SAT in "
+                "the background), re-planned on drift. Or re-decide every tick with one heuristic: "
+                "default (the best of the three), greedy (the seed's rule), critical-path, peft.",
+            ),
+            "replan_drift_margin": dg.Field(
+                float,
+                default_value=0.25,
+                description="Re-plan when a build has run this share past its estimate.",
+            ),
+            "solver": dg.Field(
+                bool,
+                default_value=True,
+                description="False: the plan is the heuristics' alone (no CP-SAT).",
+            ),
+            "solver_min_seconds": dg.Field(
+                float, default_value=2.0, description="The solver's budget for a small re-plan."
+            ),
+            "solver_seconds_per_build": dg.Field(
+                float,
+                default_value=0.6,
+                description="The solver's budget grows by this per build at stake.",
+            ),
+            "solver_time_limit_seconds": dg.Field(
+                float,
+                default_value=60.0,
+                description="The most the solver gets for one re-plan (a 100-build backfill).",
+            ),
+            "solver_workers": dg.Field(
+                int,
+                default_value=1,
+                description="CP-SAT threads in the daemon; the daemon's tick never waits for them.",
             ),
             "probe_interval_seconds": dg.Field(
                 dg.IntSource,
@@ -152,6 +197,8 @@ class PlacementRunCoordinator(dg.QueuedRunCoordinator):
 
     def dispose(self) -> None:
         self._probes.stop()
+        if self._placer is not None:
+            self._placer.close()
         super().dispose()
 
     @property

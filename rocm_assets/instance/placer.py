@@ -12,13 +12,12 @@ fleet file keeps every run queued with the reason in its `rocm/waiting_for` tag,
 keeps ticking.
 """
 
+import json
 import logging
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
 from pathlib import Path
-from statistics import median
 from typing import Any
 
 import dagster as dg
@@ -40,24 +39,38 @@ from rocm_assets.core.constants import (
     ROCM_WAITING_FOR_TAG,
 )
 from rocm_assets.core.fleet import Fleet, FleetError, fleet_path, load_fleet
+from rocm_assets.core.placement.farm import FarmState, FollowSettings, PlanView, Running
+from rocm_assets.core.placement.follow import PlanFollower
+from rocm_assets.core.placement.runners import ThreadSolver
 from rocm_assets.core.preflight import materialize_command
 from rocm_assets.core.probes import ProbeCache
 from rocm_assets.core.settings import bake_file_path
 from rocm_assets.core.timefmt import duration, from_iso, to_iso
 from rocm_assets.instance import claims
+from rocm_assets.instance.history import finished_builds, measured_durations
 from rocm_assets.instance.runs import IN_FLIGHT_STATUSES, builds_of_run
 
 logger = logging.getLogger("rocm_assets.instance")
 
 _MEASURED_TTL_S = 300.0
-# How far back a finished build still tells where it was built (locality) or that it failed.
-_FINISHED_WINDOW_S = 86400.0
-_FINISHED = [dg.DagsterRunStatus.SUCCESS, dg.DagsterRunStatus.FAILURE, dg.DagsterRunStatus.CANCELED]
+
+
+# The strategy that follows a stored plan (heuristics at once, CP-SAT in the background) and
+# re-plans on drift; the others re-decide each tick with one heuristic (`STRATEGIES`).
+FOLLOW_PLAN = "plan"
+# Where the followed plan is kept for `rocm-assets watch`: the instance's key-value store.
+PLAN_KEY = "rocm/plan"
+# A waiting run's estimated start is rewritten only when it moved by more than this.
+_EST_TAG_SLACK_S = 60.0
 
 
 @dataclass(frozen=True)
 class PlacerSettings:
-    strategy: str = "default"
+    strategy: str = FOLLOW_PLAN
+    follow: FollowSettings = field(default_factory=FollowSettings)
+    # False, or OR-Tools missing: the follower plans with the heuristics alone.
+    solver: bool = True
+    solver_workers: int | None = None
     probe_nodes: bool = True
     # A started run whose worker has not renewed its claim's lease for this long is dead.
     lease_seconds: float = 300.0
@@ -106,7 +119,8 @@ class _Farm:
     """What one tick knows: waiting builds, what holds each machine, and finished inputs."""
 
     waiting: dict[Build, _Waiting] = field(default_factory=dict)
-    running: dict[Build, tuple[str, float]] = field(default_factory=dict)
+    # build -> (node, started, estimated end)
+    running: dict[Build, tuple[str, float, float]] = field(default_factory=dict)
     in_progress: int = 0
 
 
@@ -127,6 +141,29 @@ class Placer:
         self._probes = probes
         self._measured: tuple[float, dict[tuple[str, str, int], float]] = (0.0, {})
         self._last_error: str | None = None
+        self._follower: PlanFollower | None = None
+        self._stored_plan: tuple[object, ...] | None = None
+
+    def _measured_durations(
+        self, graph: BakeGraph, fleet: Fleet
+    ) -> dict[tuple[str, str, int], float]:
+        stamp, cached = self._measured
+        if time.time() - stamp >= _MEASURED_TTL_S:
+            cached = measured_durations(self._instance, graph, fleet)
+            self._measured = (time.time(), cached)
+        return cached
+
+    def close(self) -> None:
+        if self._follower is not None:
+            self._follower.close()
+
+    def _plan_follower(self) -> PlanFollower:
+        if self._follower is None:
+            runner = (
+                ThreadSolver(workers=self.settings.solver_workers) if self.settings.solver else None
+            )
+            self._follower = PlanFollower(runner, self.settings.follow)
+        return self._follower
 
     # ---- the tick ----
     def tick(
@@ -162,20 +199,25 @@ class Placer:
         outside = (
             {d for ds in deps.values() for d in ds} - farm.waiting.keys() - farm.running.keys()
         )
-        built_on, failed = self._finished(outside, {n.name for n in fleet.nodes}, now)
-        held_back = self._hold_for_unpublished(farm, deps, failed, graph, now)
-        pending = [b for b in farm.waiting if b not in held_back]
-        nodes = [n for n in fleet.nodes if n.name not in excluded]
-        decision = placement.choose_placements(
-            pending,
-            farm.running,
-            nodes,
-            cost,
-            now,
-            {b: deps[b] for b in pending},
-            pushed=built_on,
-            strategy=self.settings.strategy,
+        built_on, failed = finished_builds(
+            self._instance, outside, {n.name for n in fleet.nodes}, now
         )
+        held_back = self._hold_for_unpublished(farm, deps, failed, graph, now)
+        pending = {b: deps[b] for b in farm.waiting if b not in held_back}
+        nodes = [n for n in fleet.nodes if n.name not in excluded]
+        if self.settings.strategy == FOLLOW_PLAN:
+            decision = self._follow(farm, pending, nodes, cost, built_on, failed, held_back, now)
+        else:
+            decision = placement.choose_placements(
+                list(pending),
+                {b: (node, end) for b, (node, _, end) in farm.running.items()},
+                nodes,
+                cost,
+                now,
+                pending,
+                pushed=built_on,
+                strategy=self.settings.strategy,
+            )
         room = -1 if max_concurrent_runs < 0 else max(0, max_concurrent_runs - farm.in_progress)
         for start in decision.starts:
             waiting = farm.waiting[start.build]
@@ -184,11 +226,73 @@ class Placer:
                     self._tag_waiting(waiting.run, "every run slot is taken (max_concurrent_runs)")
                     continue
                 room -= 1
-            self._contain(waiting.run, self._place, waiting.run, start, fleet, cost, excluded, now)
+            self._contain(
+                waiting.run,
+                self._place,
+                waiting.run,
+                start,
+                decision.strategy,
+                fleet,
+                cost,
+                excluded,
+                now,
+            )
         for build, why in decision.waiting.items():
-            extra = {ROCM_EST_START_TAG: to_iso(why.est_start_s)} if why.est_start_s else {}
-            self._tag_waiting(farm.waiting[build].run, why.reason, extra)
+            run = farm.waiting[build].run
+            extra = {}
+            if why.est_start_s is not None:
+                tagged = from_iso(run.tags.get(ROCM_EST_START_TAG))
+                if tagged is None or abs(tagged - why.est_start_s) > _EST_TAG_SLACK_S:
+                    extra[ROCM_EST_START_TAG] = to_iso(why.est_start_s)
+            self._tag_waiting(run, why.reason, extra)
         return decision
+
+    def _follow(
+        self,
+        farm: "_Farm",
+        pending: Mapping[Build, frozenset[Build]],
+        nodes: list[Any],
+        cost: placement.CostModel,
+        built_on: Mapping[Build, str],
+        failed: Mapping[Build, tuple[str, float]],
+        held_back: set[Build],
+        now: float,
+    ) -> placement.Decision:
+        """The plan follower's tick: start what the followed plan starts now."""
+        follower = self._plan_follower()
+        running, busy = {}, {}
+        for build, (node, started, end) in farm.running.items():
+            if build.target.startswith("run:"):
+                busy[node] = max(end, busy.get(node, 0.0))  # a machine held outside the plan
+            else:
+                running[build] = Running(node, started, end)
+        unpublished = {d: reason for d, (reason, _) in failed.items()}
+        unpublished.update({b: "it waits for an unpublished input" for b in held_back})
+        state = FarmState(
+            now_s=now,
+            pending=pending,
+            running=running,
+            nodes=nodes,
+            cost=cost,
+            built_on=built_on,
+            busy=busy,
+            unpublished=unpublished,
+        )
+        decision = follower.tick(state)
+        for note in follower.notes():
+            logger.warning("placement: %s", note)
+        self._store_plan(follower.plan())
+        return decision
+
+    def _store_plan(self, view: PlanView | None) -> None:
+        """Keep the followed plan where `rocm-assets watch` reads it, when it changed."""
+        if view is None:
+            return
+        key = (view.generation, view.strategy, view.solver, view.makespan_s)
+        if key == self._stored_plan:
+            return
+        self._stored_plan = key
+        self._instance.run_storage.set_cursor_values({PLAN_KEY: json.dumps(plan_json(view))})
 
     def _read_farm(self, graph: BakeGraph, fleet: Fleet, now: float) -> _Farm:
         """Runs in flight, sorted into waiting builds and builds holding a machine."""
@@ -227,7 +331,8 @@ class Placer:
                         for b in (work if node is not None else [])
                     )
                     end = (record.start_time or now) + seconds
-                farm.running[build or Build(f"run:{run.run_id}")] = (name, end)
+                started = record.start_time or now
+                farm.running[build or Build(f"run:{run.run_id}")] = (name, started, end)
                 if build is not None:
                     seen[build] = run.run_id
                 continue
@@ -273,40 +378,6 @@ class Placer:
         return build
 
     # ---- inputs that did not publish ----
-    def _finished(
-        self, builds: set[Build], nodes: set[str], now: float
-    ) -> tuple[dict[Build, str], dict[Build, tuple[str, float]]]:
-        """From the newest finished run of each build of the last day: where it was built (it
-        published), or how it ended when it did not (FAILURE or CANCELED, and when)."""
-        if not builds:
-            return {}, {}
-        records = self._instance.get_run_records(
-            dg.RunsFilter(
-                statuses=_FINISHED,
-                updated_after=datetime.fromtimestamp(now - _FINISHED_WINDOW_S, UTC),
-            ),
-            order_by="update_timestamp",
-            ascending=True,
-        )
-        wanted = {str(b): b for b in builds}
-        built_on: dict[Build, str] = {}
-        failed: dict[Build, tuple[str, float]] = {}
-        for record in records:  # oldest first: the newest run of each build wins
-            run = record.dagster_run
-            build = wanted.get(run.tags.get(ROCM_BUILD_TAG, ""))
-            if build is None:
-                continue
-            if run.status == dg.DagsterRunStatus.SUCCESS:
-                failed.pop(build, None)
-                if run.tags.get(ROCM_NODE_TAG) in nodes:
-                    built_on[build] = run.tags[ROCM_NODE_TAG]
-            else:
-                built_on.pop(build, None)
-                ended = record.end_time or record.update_timestamp.timestamp()
-                reason = f"its last run {run.run_id[:8]} ended {run.status.value}"
-                failed[build] = (reason, ended)
-        return built_on, failed
-
     def _hold_for_unpublished(
         self,
         farm: _Farm,
@@ -337,6 +408,20 @@ class Placer:
                 f"{duration(self.settings.input_wait_seconds)}; build it with: {command}"
             )
             self._contain(waiting.run, self._refuse, waiting, message)
+        # What waits on a held build waits too: a held build is not published either.
+        grew = True
+        while grew:
+            grew = False
+            for build, waiting in farm.waiting.items():
+                if build in held:
+                    continue
+                blocked = sorted(d for d in deps[build] if d in held)
+                if blocked:
+                    held.add(build)
+                    grew = True
+                    self._tag_waiting(
+                        waiting.run, f"waits for {blocked[0]}, which waits for an input"
+                    )
         return held
 
     def _refuse(self, waiting: _Waiting, message: str) -> None:
@@ -351,6 +436,7 @@ class Placer:
         self,
         run: dg.DagsterRun,
         start: placement.Start,
+        strategy: str,
         fleet: Fleet,
         cost: placement.CostModel,
         excluded: Mapping[str, str | None],
@@ -383,8 +469,8 @@ class Placer:
         self.event(
             run,
             f"placed {start.build} on {node.name} (builder {node.builder} claimed, MAX_JOBS "
-            f"~{jobs}), estimated finish {to_iso(start.est_finish_s)}, strategy "
-            f"{self.settings.strategy}{skipped}",
+            f"~{jobs}), estimated finish {to_iso(start.est_finish_s)}, by the {strategy} "
+            f"plan{skipped}",
         )
 
     def _tag_waiting(
@@ -424,39 +510,18 @@ class Placer:
     def event(self, run: dg.DagsterRun, message: str) -> None:
         self._instance.report_engine_event(message, run)
 
-    # ---- measured durations ----
-    def _measured_durations(
-        self, graph: BakeGraph, fleet: Fleet
-    ) -> dict[tuple[str, str, int], float]:
-        """Median build seconds by (target, node, MAX_JOBS), from recent materializations.
 
-        A cache hit (nothing new pushed: metadata `cache_hit`) says nothing about build time.
-        """
-        stamp, cached = self._measured
-        if time.time() - stamp < _MEASURED_TTL_S:
-            return cached
-        cost = placement.CostModel(fleet)
-        names = {n.name for n in fleet.nodes}
-        samples: dict[tuple[str, str, int], list[float]] = {}
-        for target in graph.asset_targets:
-            result = self._instance.fetch_materializations(dg.AssetKey(target), limit=50)
-            for record in result.records:
-                meta = record.asset_materialization.metadata if record.asset_materialization else {}
-                node, jobs, seconds, hit = (
-                    getattr(meta.get(k), "value", None)
-                    for k in ("node", "max_jobs", "duration_s", "cache_hit")
-                )
-                if hit is True:
-                    continue
-                if (
-                    isinstance(node, str)
-                    and isinstance(jobs, int)
-                    and isinstance(seconds, float | int)
-                ):
-                    # A bake's wall time includes its push; the model adds the push itself.
-                    pushed = fleet.node(node) if node in names else None
-                    own = float(seconds) - (cost.push_s(target, pushed) if pushed else 0.0)
-                    samples.setdefault((target, node, jobs), []).append(max(own, 1.0))
-        measured = {key: median(values) for key, values in samples.items()}
-        self._measured = (time.time(), measured)
-        return measured
+def plan_json(view: PlanView) -> dict[str, Any]:
+    """The followed plan as `rocm-assets watch` reads it (PLAN_KEY)."""
+    return {
+        "strategy": view.strategy,
+        "generation": view.generation,
+        "made_at": view.made_s,
+        "expected_finish": view.makespan_s,
+        "reason": view.reason,
+        "solver": view.solver,
+        "queues": {
+            node: [[str(p.build), p.est_start_s, p.est_finish_s] for p in planned]
+            for node, planned in view.queues.items()
+        },
+    }
