@@ -98,7 +98,7 @@ def _materializer(target: str) -> Callable[..., Iterator[dg.MaterializeResult]]:
                 "fanned out: %s builds in runs tagged %s=%s",
                 target,
                 ROCM_FANOUT_OF_TAG,
-                context.run_id,
+                context.run.run_id,
             )
             return
         yield bake.materialize(context, target, registry)

@@ -130,7 +130,7 @@ class BakeResource(dg.ConfigurableResource):
         no placement daemon alive it places itself with the same core decision, through the
         same atomic claim. Placement tags are never read here: only the claim says where.
         """
-        instance, run_id = context.instance, context.run_id
+        instance, run_id = context.instance, context.run.run_id
         supplied = {k: v for k, v in context.run.tags.items() if k in _SELF_PLACED_TAGS and v}
         if not claims.supported(instance):
             # An in-memory instance (`dg.materialize` in a script): nothing else can share it.
@@ -177,7 +177,7 @@ class BakeResource(dg.ConfigurableResource):
     def _wait_in_line(
         self, context: dg.AssetExecutionContext, graph: BakeGraph, fleet: Fleet, build: Build
     ) -> str:
-        instance, run_id = context.instance, context.run_id
+        instance, run_id = context.instance, context.run.run_id
         instance.add_run_tags(
             run_id,
             {
@@ -215,7 +215,7 @@ class BakeResource(dg.ConfigurableResource):
         self, context: dg.AssetExecutionContext, fleet: Fleet, build: Build, claim: bool = True
     ) -> str | None:
         """No placement daemon: the coordinator's decision for this one build, then its claim."""
-        instance, run_id = context.instance, context.run_id
+        instance, run_id = context.instance, context.run.run_id
         held = claims.claims(instance) if claim else {}
         free = [n for n in fleet.nodes if n.builder not in held]
         if not free:
@@ -300,12 +300,12 @@ class BakeResource(dg.ConfigurableResource):
         build = Build(target, partition)
         try:
             node, jobs = self.hold_builder(context, graph, fleet, build)
-            with _LeaseKeeper(context.instance, context.run_id):
+            with _LeaseKeeper(context.instance, context.run.run_id):
                 inv, result = self.bake(context, graph, target, partition, node, jobs)
         finally:
             # The machine is free once its bake is over; the daemon frees it too if we die.
             if claims.supported(context.instance):
-                claims.release_run(context.instance, context.run_id)
+                claims.release_run(context.instance, context.run.run_id)
         previous = latest_built_digest(context.instance, target, partition)
         summary = metadata_summary(inv, result, node.name)
         # Nothing new pushed: the bake was a cache hit and says nothing about build time.
