@@ -27,6 +27,7 @@ from rocm_assets.core.constants import (
     ROCM_WAITING_FOR_TAG,
 )
 from rocm_assets.instance import claims
+from rocm_assets_tests.helpers import rocm_assets_cli, write_fleet
 from rocm_assets_tests.helpers.instance import (
     FLEET,
     coordinator_config,
@@ -282,3 +283,22 @@ def test_a_dead_in_process_run_frees_its_builder(fleet_file: Path) -> None:
         dead = instance.get_run_by_id(run.run_id)
         assert dead.status == dg.DagsterRunStatus.FAILURE
         assert "stopped renewing the claim on builder big" in messages(instance, run.run_id)
+
+
+def test_plan_refuses_a_fleet_with_two_entries_for_one_machine(tmp_path: Path) -> None:
+    fleet = write_fleet(
+        tmp_path / "fleet.yaml",
+        [
+            {"name": "think", "builder": "snoc-think"},
+            {"name": "think-again", "builder": "snoc-think"},
+        ],
+        cores=32,
+        mem_gb=122,
+        link_mbps=1000,
+    )
+    done = rocm_assets_cli("plan", "--fleet", str(fleet), "--strategy", "greedy")
+    assert done.returncode == 2 and done.stdout == ""
+    assert done.stderr == (
+        f"rocm-assets: error: {fleet}: nodes[1].builder: 'snoc-think' is also the builder of "
+        "node 'think' (nodes[0]); a machine is one entry\n"
+    )
