@@ -12,6 +12,7 @@ pytest_plugins = [
     "rocm_assets_tests.servers.sshd",
     "rocm_assets_tests.servers.dockerd",
     "rocm_assets_tests.servers.postgres",
+    "rocm_assets_tests.helpers.instance",
 ]
 
 

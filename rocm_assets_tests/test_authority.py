@@ -7,7 +7,6 @@ The concurrent case across real processes and the real daemon is test_stress.py.
 """
 
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import dagster as dg
@@ -36,20 +35,6 @@ from rocm_assets_tests.helpers.instance import (
     messages,
     submit,
 )
-
-
-@pytest.fixture
-def fleet_file(tmp_path: Path) -> Path:
-    path = tmp_path / "fleet.yaml"
-    path.write_text(FLEET)
-    return path
-
-
-@pytest.fixture
-def instance(fleet_file: Path) -> Iterator[dg.DagsterInstance]:
-    with instance_for_test(overrides=coordinator_config(fleet_file)) as instance:
-        yield instance
-
 
 # ##### 1. ONE AUTHORITY: only the daemon's run-queue loop places
 

@@ -7,7 +7,6 @@ Dagster's MockedRunLauncher: it records launches; the test finishes runs by repo
 
 import json
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import dagster as dg
@@ -54,20 +53,6 @@ from rocm_assets_tests.helpers.instance import (
     runs_in,
     submit,
 )
-
-
-@pytest.fixture
-def fleet_file(tmp_path: Path) -> Path:
-    path = tmp_path / "fleet.yaml"
-    path.write_text(FLEET)
-    return path
-
-
-@pytest.fixture
-def instance(fleet_file: Path) -> Iterator[dg.DagsterInstance]:
-    with instance_for_test(overrides=coordinator_config(fleet_file)) as instance:
-        yield instance
-
 
 # ##### CONFIG
 

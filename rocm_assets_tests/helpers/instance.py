@@ -1,20 +1,28 @@
 """A real Dagster instance (SQLite) with rocm-assets' coordinator, and the daemon's iteration.
 
+A pytest plugin (conftest.py): its `fleet_file` and `instance` fixtures serve every module that
+does not define its own.
+
 `instance_for_test` storage, `QueuedRunCoordinatorDaemon.run_iteration` as the daemon runs it,
 and Dagster's MockedRunLauncher (it records launches; tests finish runs by reporting events).
 """
 
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 
 import dagster as dg
+import pytest
 from dagster._core.events import DagsterEvent, DagsterEventType
 from dagster._core.remote_origin import (
     RegisteredCodeLocationOrigin,
     RemoteJobOrigin,
     RemoteRepositoryOrigin,
 )
-from dagster._core.test_utils import create_run_for_test, create_test_daemon_workspace_context
+from dagster._core.test_utils import (
+    create_run_for_test,
+    create_test_daemon_workspace_context,
+    instance_for_test,
+)
 from dagster._core.workspace.load_target import EmptyWorkspaceTarget
 from dagster._daemon.run_coordinator.queued_run_coordinator_daemon import QueuedRunCoordinatorDaemon
 
@@ -97,3 +105,18 @@ def runs_in(instance: dg.DagsterInstance, *statuses: dg.DagsterRunStatus) -> lis
 
 def messages(instance: dg.DagsterInstance, run_id: str) -> str:
     return "\n".join(e.message or "" for e in instance.all_logs(run_id))
+
+
+@pytest.fixture
+def fleet_file(tmp_path: Path) -> Path:
+    """FLEET in a file: three unprobed nodes, one builder each."""
+    path = tmp_path / "fleet.yaml"
+    path.write_text(FLEET)
+    return path
+
+
+@pytest.fixture
+def instance(fleet_file: Path) -> Iterator[dg.DagsterInstance]:
+    """A SQLite instance with rocm-assets' coordinator over `fleet_file` and the shipped bake file."""
+    with instance_for_test(overrides=coordinator_config(fleet_file)) as instance:
+        yield instance
