@@ -15,7 +15,7 @@ TARGET_SOLVER_LIMIT_S = 10.0
 # The coordinator's solver budget in the bench: the daemon's budget function with its cap
 # (a minute) mapped to this share of the scenario's solver limit, in CP-SAT's deterministic
 # seconds (so seeded runs reproduce; one is several wall seconds on this 2-core machine).
-COORDINATOR_BUDGET_SHARE = 0.5
+COORDINATOR_BUDGET_SHARE = 0.25
 # Noisy runs per scenario at least (a scenario with fewer instances draws the noise again).
 NOISE_SAMPLES = 3
 
