@@ -52,9 +52,8 @@ from rocm_assets.core.placement.problem import (
     Run,
     Schedule,
     build_key,
-    left_shift,
 )
-from rocm_assets.core.placement.robust import Spread, draws, mean_makespan, order_of
+from rocm_assets.core.placement.robust import Spread, draws, mean_makespan, order_of, retime
 from rocm_assets.core.placement.runners import SolveRequest, SolverRunner
 from rocm_assets.core.solver import SOLVER_STRATEGY, ortools_missing
 
@@ -301,7 +300,7 @@ class PlanFollower:
                     (f"default({name})", heuristic(ix, avail0), False)
                     for name, heuristic in HEURISTICS.items()
                 ]
-                kept = _remainder(ix, avail0, old_slots)
+                kept = retime(ix, avail0, old_slots)
                 if kept is not None:
                     # First: on a tie the plan being followed stays.
                     candidates.insert(0, (old_label, kept, old_solved))
@@ -455,8 +454,8 @@ class PlanFollower:
             except PlacementError:
                 return
             avail0, origin = ix.avail(busy_until), s.now_s
-            current = _remainder(ix, avail0, self._slots)
-        theirs = _remainder(ix, avail0, solved)
+            current = retime(ix, avail0, self._slots)
+        theirs = retime(ix, avail0, solved)
         gap = f"{result.status}, gap {100 * result.gap:.1f}%"
         self._solved = True
         score = self._scorer(ix, avail0)
@@ -539,33 +538,6 @@ class PlanFollower:
             else:
                 reason = f"planned on {slot.node} after {prev}"
         return Waiting(reason, deps=unfinished, node=slot.node, est_start_s=slot.start_s)
-
-
-def _remainder(
-    ix: Index, avail0: Sequence[float], slots: Mapping[Build, tuple[str, float, float]]
-) -> Run | None:
-    """The plan `slots` (node, start, end per build) for the builds of `ix`, re-timed from
-    `avail0` by following it: each node in the plan's order, each build once its inputs are
-    pushed. None when it misses a build or names a node `ix` lacks."""
-    if not slots:
-        return None
-    node_pos = {name: p for p, name in enumerate(ix.names)}
-    n = len(ix.builds)
-    topo = [0] * n
-    for k, i in enumerate(ix.topo):
-        topo[i] = k
-    node_of = [0] * n
-    keys: list[tuple[float, int, int]] = []
-    for i, b in enumerate(ix.builds):
-        slot = slots.get(b)
-        p = None if slot is None else node_pos.get(slot[0])
-        if slot is None or p is None:
-            return None
-        node_of[i] = p
-        keys.append((slot[1], topo[i], i))
-    # A valid plan starts every input before its dependents; ties go in dependency order.
-    order = [i for *_, i in sorted(keys)]
-    return left_shift(ix, node_of, order, avail0)
 
 
 class SimulatedCoordinator:

@@ -1,4 +1,7 @@
-"""Judging plans when real durations stray from the estimates: their mean makespan over draws.
+"""Judging plans: re-timed from now, and when real durations stray, their mean makespan.
+
+`retime` follows a plan (node and order per build) from a new state, so plans made at different
+times compare on the same footing.
 
 A plan packed tight around the estimates can lose more to noise than one with slack where it
 matters. Once the plan follower has seen builds stray (`Spread`: the root mean square of
@@ -11,9 +14,10 @@ their makespan alone.
 
 import math
 import random
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
-from rocm_assets.core.placement.problem import Index, Run
+from rocm_assets.core.builds import Build
+from rocm_assets.core.placement.problem import Index, Run, left_shift
 
 # Observations before the spread is trusted, and the least spread worth sampling.
 MIN_OBSERVED = 3
@@ -80,3 +84,30 @@ def mean_makespan(
                 last = end[i]
         total += last
     return total / len(factors)
+
+
+def retime(
+    ix: Index, avail0: Sequence[float], slots: Mapping[Build, tuple[str, float, float]]
+) -> Run | None:
+    """The plan `slots` (node, start, end per build) for the builds of `ix`, re-timed from
+    `avail0` by following it: each node in the plan's order, each build once its inputs are
+    pushed. None when it misses a build or names a node `ix` lacks."""
+    if not slots:
+        return None
+    node_pos = {name: p for p, name in enumerate(ix.names)}
+    n = len(ix.builds)
+    topo = [0] * n
+    for k, i in enumerate(ix.topo):
+        topo[i] = k
+    node_of = [0] * n
+    keys: list[tuple[float, int, int]] = []
+    for i, b in enumerate(ix.builds):
+        slot = slots.get(b)
+        p = None if slot is None else node_pos.get(slot[0])
+        if slot is None or p is None:
+            return None
+        node_of[i] = p
+        keys.append((slot[1], topo[i], i))
+    # A valid plan starts every input before its dependents; ties go in dependency order.
+    order = [i for *_, i in sorted(keys)]
+    return left_shift(ix, node_of, order, avail0)
