@@ -6,10 +6,12 @@ and costs are the placement tests' stand-ins. Loops that wait for the thread hav
 a regression fails rather than hangs; nothing asserts a time.
 """
 
+import math
 import random
 import sys
 import time
 from collections.abc import Mapping
+from itertools import pairwise
 
 import pytest
 
@@ -17,7 +19,14 @@ from rocm_assets.core.placement import Build, CostModel, Problem, plan
 from rocm_assets.core.placement.bounds import validate_schedule
 from rocm_assets.core.placement.farm import FarmState, FollowSettings, Running, solver_budget_s
 from rocm_assets.core.placement.follow import PlanFollower, SimulatedCoordinator
-from rocm_assets.core.placement.runners import InlineSolver, SolveOutcome, ThreadSolver
+from rocm_assets.core.placement.problem import left_shift
+from rocm_assets.core.placement.robust import Spread, draws, mean_makespan, order_of
+from rocm_assets.core.placement.runners import (
+    InlineSolver,
+    SolveOutcome,
+    SolveRequest,
+    ThreadSolver,
+)
 from rocm_assets.core.placement.simulate import SimulationError, noise_factors, simulate
 from rocm_assets.core.solver import solve
 from rocm_assets_tests.helpers.placement import (
@@ -41,9 +50,21 @@ def farm(
     pending: Mapping[Build, frozenset[Build]],
     running: Mapping[Build, Running] | None = None,
     nodes: tuple[FakeNode, ...] = (N1, N2),
-    **extra: object,
+    *,
+    built_on: Mapping[Build, str] | None = None,
+    busy: Mapping[str, float] | None = None,
+    unpublished: Mapping[Build, str] | None = None,
 ) -> FarmState:
-    return FarmState(now, pending, running or {}, nodes, COST, **extra)  # type: ignore[arg-type]
+    return FarmState(
+        now,
+        pending,
+        running or {},
+        nodes,
+        COST,
+        built_on=built_on or {},
+        busy=busy or {},
+        unpublished=unpublished or {},
+    )
 
 
 def chain() -> dict[Build, frozenset[Build]]:
@@ -163,24 +184,63 @@ def test_a_build_running_past_its_estimate_by_the_margin_replans_once() -> None:
     assert [s.build for s in done.starts] == [B]
 
 
+def test_a_build_finishing_well_before_its_estimate_replans() -> None:
+    settings = FollowSettings(replan_early_margin=0.1)
+    for end, replans in ((95.0, 1), (85.0, 2)):
+        follower = PlanFollower(settings=settings)
+        first = started(follower, farm(0.0, chain()))
+        running = {A: Running(first[A], 0.0, 100.0), C: Running(first[C], 0.0, 100.0)}
+        follower.tick(farm(1.0, {B: frozenset({A})}, running))
+        # a is done at `end`, c still runs: 5% early is within the margin, 15% is not.
+        follower.tick(farm(end, {B: frozenset({A})}, {C: running[C]}, built_on={A: first[A]}))
+        view = follower.plan()
+        assert follower.replans == replans and view is not None, end
+        if replans == 2:
+            assert view.reason == "a finished 10% before its estimate"
+    # Off: never.
+    follower = PlanFollower(settings=FollowSettings(replan_early_margin=None))
+    first = started(follower, farm(0.0, chain()))
+    follower.tick(farm(1.0, {B: frozenset({A})}, {A: Running(first[A], 0.0, 100.0)}))
+    follower.tick(farm(10.0, {B: frozenset({A})}, built_on={A: first[A]}))
+    assert follower.replans == 1
+
+
+def test_the_plan_view_lists_each_node_queue_in_order() -> None:
+    follower = PlanFollower()
+    pending = {b: frozenset() for b in (A, B, C, D)} | {Build("e"): frozenset({A, B})}
+    follower.tick(farm(0.0, pending))
+    view = follower.plan()
+    assert view is not None and view.generation == 1 and view.made_s == 0.0
+    assert sorted(p.build for q in view.queues.values() for p in q) == sorted(pending)
+    for node, queue in view.queues.items():
+        assert all(p.node == node for p in queue)
+        for before, after in pairwise(queue):
+            assert after.est_start_s >= before.est_finish_s - 1e-6
+    assert view.makespan_s == max(p.est_finish_s for q in view.queues.values() for p in q)
+
+
 def test_a_cancelled_input_is_not_published_and_its_dependents_wait() -> None:
     follower = PlanFollower()
-    pending = {A: frozenset(), B: frozenset({A}), C: frozenset({B})}
+    pending = {A: frozenset(), B: frozenset({A}), C: frozenset({B}), D: frozenset({C})}
     follower.tick(farm(0.0, pending))
     # a's run was cancelled before it started: it leaves the queue and is known unpublished.
     why = {A: "run 1a2b3c4d was cancelled"}
-    rest = {B: frozenset({A}), C: frozenset({B})}
+    rest = {B: frozenset({A}), C: frozenset({B}), D: frozenset({C})}
     decision = follower.tick(farm(10.0, rest, unpublished=why))
     assert decision.starts == ()
     assert follower.replans == 2
     assert decision.waiting[B].reason == "waits for a: not published (run 1a2b3c4d was cancelled)"
+    # Below it, each names its own input and the root cause, however deep.
     assert decision.waiting[C].reason == (
         "waits for b, which waits for a: not published (run 1a2b3c4d was cancelled)"
+    )
+    assert decision.waiting[D].reason == (
+        "waits for c, which waits for a: not published (run 1a2b3c4d was cancelled)"
     )
     # Nodes free, nothing changes: still nothing starts, and no more re-plans.
     assert follower.tick(farm(20.0, rest, unpublished=why)).starts == ()
     assert follower.replans == 2
-    # a requested again: the plan takes it, then b and c behind it.
+    # a requested again: the plan takes it, then the rest behind it.
     again = follower.tick(farm(30.0, {A: frozenset(), **rest}, unpublished=why))
     assert [s.build for s in again.starts] == [A] and follower.replans == 3
 
@@ -188,9 +248,10 @@ def test_a_cancelled_input_is_not_published_and_its_dependents_wait() -> None:
 def test_a_failed_running_build_blocks_its_dependents() -> None:
     follower = PlanFollower()
     first = started(follower, farm(0.0, chain()))
-    running = {A: Running(first[A], 0.0, 100.0)}
+    running = {A: Running(first[A], 0.0, 100.0), C: Running(first[C], 0.0, 100.0)}
     follower.tick(farm(10.0, {B: frozenset({A})}, running))
-    decision = follower.tick(farm(40.0, {B: frozenset({A})}, unpublished={A: "run failed"}))
+    rest = {C: running[C]}
+    decision = follower.tick(farm(40.0, {B: frozenset({A})}, rest, unpublished={A: "run failed"}))
     assert decision.starts == () and follower.replans == 2
     assert decision.waiting[B].reason == "waits for a: not published (run failed)"
 
@@ -298,7 +359,7 @@ def test_the_solver_plan_is_adopted_only_when_shorter_and_current() -> None:
     # A result for another generation is dropped.
     runner.outcomes.append(SolveOutcome(0, result))
     follower.tick(state)
-    assert follower.plan().strategy == heuristic.strategy  # type: ignore[union-attr]
+    assert follower.plan() == heuristic
     # The current generation's, shorter: adopted, and the plan's finish moves up.
     runner.outcomes.append(SolveOutcome(1, result))
     decision = follower.tick(state)
@@ -310,7 +371,9 @@ def test_the_solver_plan_is_adopted_only_when_shorter_and_current() -> None:
     runner.outcomes.append(SolveOutcome(1, None, "boom"))
     follower.tick(state)
     assert follower.notes() == ["placement solver failed, the heuristics' plan stands: boom"]
-    assert follower.plan().strategy == "solver"  # type: ignore[union-attr]
+    failed = follower.plan()
+    assert failed is not None and failed.strategy == "solver" and failed.queues == view.queues
+    assert failed.solver == "failed: boom"
 
 
 def test_inline_solver_plans_are_never_longer_than_the_heuristics() -> None:
@@ -350,10 +413,11 @@ def test_the_background_solver_never_blocks_a_tick_and_its_result_is_followed() 
     # The first tick answers with the heuristics' plan; the solver works behind it.
     assert first.strategy.startswith("default(")
     deadline = time.monotonic() + DEADLINE_S
-    while follower.plan().solver.startswith("solving") and time.monotonic() < deadline:  # type: ignore[union-attr]
+    view = follower.plan()
+    while view is not None and view.solver.startswith("solving") and time.monotonic() < deadline:
         follower.tick(state)
         time.sleep(0.05)
-    view = follower.plan()
+        view = follower.plan()
     assert view is not None and view.solver.startswith("adopted"), view.solver
     assert view.strategy == "solver"
     follower.close()
@@ -364,8 +428,6 @@ def test_a_newer_request_stops_the_running_solve() -> None:
     p = random_problem(random.Random(32), max_nodes=4, max_targets=8)
     problem = Problem(p.builds, p.deps, p.nodes, p.cost)
     hint = plan(problem, "greedy")
-    from rocm_assets.core.placement.runners import SolveRequest
-
     runner = ThreadSolver(workers=1)
     # Ten minutes for the first: only a stop ends it within the deadline below.
     runner.submit(SolveRequest(1, problem, {}, hint, 600.0))
@@ -400,6 +462,67 @@ def test_without_ortools_the_heuristics_plan_alone_and_it_is_said_once(
     decision = follower.tick(farm(0.0, chain()))
     assert decision.strategy.startswith("default(") and {s.build for s in decision.starts} == {A, C}
     assert runner.requests == [] and follower.notes() == []
+
+
+def test_spread_of_durations_and_mean_makespan_under_draws() -> None:
+    spread = Spread()
+    for real in (110.0, 90.0):
+        spread.add(real, 100.0)
+    assert spread.sigma == 0.0  # two builds say too little
+    spread.add(100.0 * math.e**0.3, 100.0)
+    expected = math.sqrt((math.log(1.1) ** 2 + math.log(0.9) ** 2 + 0.09) / 3)
+    assert spread.sigma == pytest.approx(expected)
+    on_time = Spread()
+    for _ in range(5):
+        on_time.add(100.0, 100.0)
+    assert on_time.sigma == 0.0
+    # Factors of 1 give the plan's own makespan; doubling every duration doubles a plan with
+    # no transfers and nothing busy.
+    p = random_problem(random.Random(5), max_nodes=4, max_targets=10)
+    problem = Problem(p.builds, p.deps, p.nodes, p.cost)
+    ix = problem.index
+    run = left_shift(ix, *_followed(problem), ix.avail({}))
+    order = order_of(ix, run)
+    ones = [[1.0] * len(ix.builds)]
+    assert mean_makespan(ix, ix.avail({}), run.node_of, order, ones) == pytest.approx(run.makespan)
+    rows = draws(len(ix.builds), 0.3, 8, 1)
+    assert rows == draws(len(ix.builds), 0.3, 8, 1) and len(rows) == 8
+    assert mean_makespan(ix, ix.avail({}), run.node_of, order, rows) > 0
+
+
+def _followed(problem: Problem) -> tuple[list[int], list[int]]:
+    """The default plan's nodes and order, as indices."""
+    ix = problem.index
+    schedule = plan(problem, "default")
+    node_pos = {name: p for p, name in enumerate(ix.names)}
+    node_of = [0] * len(ix.builds)
+    for a in schedule.assignments:
+        node_of[ix.pos[a.build]] = node_pos[a.node]
+    order = [ix.pos[a.build] for a in schedule.assignments]
+    return node_of, order
+
+
+def test_the_follower_learns_how_far_durations_stray() -> None:
+    follower = PlanFollower()
+    pending = {Build(f"x{k}"): frozenset() for k in range(6)}
+    first = follower.tick(farm(0.0, pending))
+    assert len(first.starts) == 2
+    view = follower.plan()
+    assert view is not None and view.duration_sigma == 0.0
+    now, running, done = 0.0, {}, {}
+    # Every build takes 1.5 times its estimate.
+    decision = first
+    while pending or running:
+        for s in decision.starts:
+            del pending[s.build]
+            running[s.build] = Running(s.node, now, s.est_finish_s)
+        ends = {b: r.started_s + 1.5 * (r.est_end_s - r.started_s) for b, r in running.items()}
+        now = min(ends.values())
+        for b in [b for b, end in ends.items() if end <= now]:
+            done[b] = running.pop(b).node
+        decision = follower.tick(farm(now, pending, running, built_on=done))
+    view = follower.plan()
+    assert view is not None and view.duration_sigma == pytest.approx(math.log(1.5), abs=1e-3)
 
 
 # --- noise -----------------------------------------------------------------------------------

@@ -9,7 +9,7 @@ from rocm_assets.cli.bench.scenarios import Instance, Scenario
 from rocm_assets.core.placement import STRATEGIES, Build, Problem, Schedule, plan
 from rocm_assets.core.placement.farm import FollowSettings
 from rocm_assets.core.placement.follow import SimulatedCoordinator
-from rocm_assets.core.placement.runners import InlineSolver
+from rocm_assets.core.placement.runners import InlineSolver, SolveOutcome, SolveRequest
 from rocm_assets.core.placement.simulate import follow, noise_factors, online, serial_plan, simulate
 from rocm_assets.core.solver import SolveResult, solve
 
@@ -51,7 +51,7 @@ class Outcome:
     nodes: int
     lower_bound_s: float
     makespan_s: dict[str, float]
-    noisy_makespan_s: dict[str, float]
+    noisy_makespan_s: dict[str, list[float]]
     plan_s: dict[str, float]
     solver: SolveResult
     coordinator: dict[str, Any]
@@ -69,7 +69,9 @@ class Outcome:
             "lower_bound_s": round(self.lower_bound_s, 1),
             "bound_s": round(self.bound_s, 1),
             "makespan_s": {k: round(v, 1) for k, v in self.makespan_s.items()},
-            "noisy_makespan_s": {k: round(v, 1) for k, v in self.noisy_makespan_s.items()},
+            "noisy_makespan_s": {
+                k: [round(x, 1) for x in v] for k, v in self.noisy_makespan_s.items()
+            },
             "plan_makespan_s": {k: round(v, 1) for k, v in self.plan_s.items()},
             "coordinator": self.coordinator,
             "solver": {
@@ -84,14 +86,76 @@ class Outcome:
         }
 
 
+class _Remembering:
+    """The inline solver runner, remembering outcomes by request. Every run of one instance
+    (exact, then each noise draw) starts from the same state, so its first solve is the same
+    deterministic work with the same answer: done once, not once a run."""
+
+    def __init__(self, memo: dict[tuple[Any, ...], SolveOutcome]) -> None:
+        self._inline = InlineSolver()
+        self._memo = memo
+        self._outcome: SolveOutcome | None = None
+
+    def submit(self, request: SolveRequest) -> None:
+        key = (
+            request.generation,
+            request.time_limit_s,
+            request.hint.assignments,
+            tuple(sorted(request.busy_until.items())),
+            tuple(sorted(request.problem.placed.items())),
+        )
+        outcome = self._memo.get(key)
+        if outcome is None:
+            self._inline.submit(request)
+            outcome = self._inline.poll()
+            if outcome is not None:
+                self._memo[key] = outcome
+        self._outcome = outcome
+
+    def poll(self) -> SolveOutcome | None:
+        outcome, self._outcome = self._outcome, None
+        return outcome
+
+    def close(self) -> None:
+        self._outcome = None
+
+
 def _coordinator(
-    problem: Problem, settings: FollowSettings, factors: Mapping[Build, float] | None
+    problem: Problem,
+    settings: FollowSettings,
+    factors: Mapping[Build, float] | None,
+    memo: dict[tuple[Any, ...], SolveOutcome],
 ) -> tuple[Schedule, int]:
     """The PlanFollower played out, its solver inline (deterministic): schedule and re-plans."""
-    coordinator = SimulatedCoordinator(problem, InlineSolver(), settings)
-    label = COORDINATOR
-    schedule = simulate(problem, coordinator, label, factors=factors, wake=coordinator.wake)
+    coordinator = SimulatedCoordinator(problem, _Remembering(memo), settings)
+    schedule = simulate(problem, coordinator, COORDINATOR, factors=factors, wake=coordinator.wake)
     return schedule, coordinator.follower.replans
+
+
+def _noisy(
+    problem: Problem,
+    plans: Mapping[str, Schedule],
+    solved: Schedule,
+    settings: FollowSettings,
+    seed: str,
+    memo: dict[tuple[Any, ...], SolveOutcome],
+) -> tuple[dict[str, float], int]:
+    """One noise draw: every noisy strategy's makespan, and the coordinator's re-plans."""
+    factors = noise_factors(problem, seed)
+    spans = {
+        strategy: simulate(problem, online(problem, strategy), strategy, factors=factors).makespan_s
+        for strategy in ONLINE
+    }
+    spans[DEFAULT_LOCALITY] = simulate(
+        problem, online(problem, "default", locality=True), DEFAULT_LOCALITY, factors=factors
+    ).makespan_s
+    spans[DEFAULT_PLAN] = simulate(
+        problem, follow(problem, plans["default"]), DEFAULT_PLAN, factors=factors
+    ).makespan_s
+    coordinator, replans = _coordinator(problem, settings, factors, memo)
+    spans[COORDINATOR] = coordinator.makespan_s
+    spans[SOLVER] = simulate(problem, follow(problem, solved), SOLVER, factors=factors).makespan_s
+    return spans, replans
 
 
 def run_instance(
@@ -99,12 +163,12 @@ def run_instance(
     solver_limit_s: float,
     workers: int,
     follow_settings: FollowSettings,
-    noise_seed: str,
+    noise_seeds: Sequence[str],
     keep: bool = False,
 ) -> Outcome:
     """Every strategy on one instance: online heuristics, the coordinator, the solver's plan,
-    the baselines; then the online strategies and the followed plans again with each build's
-    duration off its estimate by seeded lognormal noise."""
+    the baselines; then, once per noise seed, the online strategies and the followed plans
+    again with each build's duration off its estimate by seeded lognormal noise."""
     problem = instance.problem
     schedules: dict[str, Schedule] = {}
     for strategy in ONLINE:
@@ -114,7 +178,8 @@ def run_instance(
     )
     plans = {name: plan(problem, name) for name in STRATEGIES}
     schedules[DEFAULT_PLAN] = simulate(problem, follow(problem, plans["default"]), DEFAULT_PLAN)
-    schedules[COORDINATOR], replans = _coordinator(problem, follow_settings, None)
+    memo: dict[tuple[Any, ...], SolveOutcome] = {}
+    schedules[COORDINATOR], replans = _coordinator(problem, follow_settings, None, memo)
     # Warm start: the shortest default run, static or online (replanning can beat the plan).
     hint = min(
         (schedules[k] for k in ("default", DEFAULT_LOCALITY, DEFAULT_PLAN)),
@@ -126,23 +191,13 @@ def run_instance(
     singles = [serial_plan(problem, name, SINGLE_BEST) for name in problem.index.names]
     schedules[SINGLE_BEST] = min(singles, key=lambda s: s.makespan_s)
 
-    factors = noise_factors(problem, noise_seed)
-    noisy: dict[str, float] = {}
-    for strategy in ONLINE:
-        noisy[strategy] = simulate(
-            problem, online(problem, strategy), strategy, factors=factors
-        ).makespan_s
-    noisy[DEFAULT_LOCALITY] = simulate(
-        problem, online(problem, "default", locality=True), DEFAULT_LOCALITY, factors=factors
-    ).makespan_s
-    noisy[DEFAULT_PLAN] = simulate(
-        problem, follow(problem, plans["default"]), DEFAULT_PLAN, factors=factors
-    ).makespan_s
-    noisy_coordinator, noisy_replans = _coordinator(problem, follow_settings, factors)
-    noisy[COORDINATOR] = noisy_coordinator.makespan_s
-    noisy[SOLVER] = simulate(
-        problem, follow(problem, result.schedule), SOLVER, factors=factors
-    ).makespan_s
+    noisy: dict[str, list[float]] = {k: [] for k in NOISY_STRATEGIES}
+    noisy_replans = []
+    for seed in noise_seeds:
+        spans, draw_replans = _noisy(problem, plans, result.schedule, follow_settings, seed, memo)
+        for k, v in spans.items():
+            noisy[k].append(v)
+        noisy_replans.append(draw_replans)
     return Outcome(
         name=instance.name,
         builds=len(problem.builds),
@@ -188,18 +243,29 @@ def summarize(scenario: Scenario, outcomes: Sequence[Outcome]) -> dict[str, Any]
         [o.makespan_s["greedy"] for o in outcomes],
         [o.bound_s for o in outcomes],
     )
+    # With noise, every draw of every instance is one sample.
     noisy_table = _table(
-        {k: [o.noisy_makespan_s[k] for o in outcomes] for k in NOISY_STRATEGIES},
-        [o.noisy_makespan_s["greedy"] for o in outcomes],
+        {k: [x for o in outcomes for x in o.noisy_makespan_s[k]] for k in NOISY_STRATEGIES},
+        [x for o in outcomes for x in o.noisy_makespan_s["greedy"]],
         None,
     )
 
-    def worse(strategy: str, spans: str = "makespan_s") -> list[str]:
+    def worse(strategy: str) -> list[str]:
         return [
             o.name
             for o in outcomes
-            if getattr(o, spans)[strategy] > getattr(o, spans)["greedy"] * (1 + _REL_TOL)
+            if o.makespan_s[strategy] > o.makespan_s["greedy"] * (1 + _REL_TOL)
         ]
+
+    noisy_worse = [
+        f"{o.name}#{k}"
+        for o in outcomes
+        for k, (ours, greedy) in enumerate(
+            zip(o.noisy_makespan_s[COORDINATOR], o.noisy_makespan_s["greedy"], strict=True)
+        )
+        if ours > greedy * (1 + _REL_TOL)
+    ]
+    replans = [r for o in outcomes for r in o.coordinator["noisy_replans"]]
 
     plan_worse = [
         o.name for o in outcomes if o.plan_s["default"] > o.plan_s["greedy"] * (1 + _REL_TOL)
@@ -224,10 +290,11 @@ def summarize(scenario: Scenario, outcomes: Sequence[Outcome]) -> dict[str, Any]
         "default_plan_worse_than_greedy": plan_worse,
         "coordinator": {
             "worse_than_greedy": worse(COORDINATOR),
-            "noisy_worse_than_greedy": worse(COORDINATOR, "noisy_makespan_s"),
+            "noisy_worse_than_greedy": noisy_worse,
             "median_replans": median([o.coordinator["replans"] for o in outcomes]),
-            "noisy_median_replans": median([o.coordinator["noisy_replans"] for o in outcomes]),
-            "noisy_max_replans": max(o.coordinator["noisy_replans"] for o in outcomes),
+            "noisy_samples": len(replans),
+            "noisy_median_replans": median(replans),
+            "noisy_max_replans": max(replans),
         },
         "solver": {
             "optimal": sum(o.solver.status == "OPTIMAL" for o in outcomes),

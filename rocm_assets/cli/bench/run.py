@@ -61,7 +61,10 @@ def run_bench(
                 scenario.solver_limit_s,
                 settings.workers,
                 coordinator_settings(scenario.solver_limit_s),
-                f"{seed}:{instance.name}",
+                [
+                    f"{seed}:{instance.name}:{draw}"
+                    for draw in range(settings.noise_draws(len(scenario.instances)))
+                ],
                 scenario.gantt,
             )
             outcomes.append(outcome)
@@ -83,7 +86,11 @@ def run_bench(
         "command": _command(seed, quick, out, instances),
         "strategies": list(ALL_STRATEGIES),
         "noisy_strategies": list(NOISY_STRATEGIES),
-        "noise": {"lognormal_sigma": NOISE_SIGMA, "seed": f"{seed}:<instance name>"},
+        "noise": {
+            "lognormal_sigma": NOISE_SIGMA,
+            "seed": f"{seed}:<instance name>:<draw>",
+            "samples_per_scenario_at_least": settings.noise_samples,
+        },
         "coordinator": _coordinator_doc(),
         "solver": {
             "workers": settings.workers,

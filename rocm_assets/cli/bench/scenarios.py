@@ -15,7 +15,9 @@ TARGET_SOLVER_LIMIT_S = 10.0
 # The coordinator's solver budget in the bench: the daemon's budget function with its cap
 # (a minute) mapped to this share of the scenario's solver limit, in CP-SAT's deterministic
 # seconds (so seeded runs reproduce; one is several wall seconds on this 2-core machine).
-COORDINATOR_BUDGET_SHARE = 0.2
+COORDINATOR_BUDGET_SHARE = 0.25
+# Noisy runs per scenario at least (a scenario with fewer instances draws the noise again).
+NOISE_SAMPLES = 3
 
 
 def coordinator_settings(solver_limit_s: float) -> FollowSettings:
@@ -157,7 +159,13 @@ class Settings:
     decision_repeats: int
     load_repeats: int
     tick_repeats: int
+    noise_samples: int
     workers: int
+
+    def noise_draws(self, instances: int) -> int:
+        """Noise draws per instance: enough that a scenario has `noise_samples` noisy runs (a
+        single-instance scenario under one draw would be a coin toss between strategies)."""
+        return max(1, -(-self.noise_samples // max(1, instances)))
 
     @classmethod
     def make(cls, seed: int, quick: bool, workers: int, instances: int | None = None) -> "Settings":
@@ -174,6 +182,7 @@ class Settings:
                 decision_repeats=3,
                 load_repeats=1,
                 tick_repeats=3,
+                noise_samples=1,
                 workers=workers,
             )
         return cls(
@@ -188,6 +197,7 @@ class Settings:
             decision_repeats=15,
             load_repeats=3,
             tick_repeats=9,
+            noise_samples=NOISE_SAMPLES,
             workers=workers,
         )
 

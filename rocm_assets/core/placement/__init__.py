@@ -27,8 +27,11 @@ the same on every node of the same link, so they favour fast links for big input
 Strategies (`STRATEGIES`, `plan`): "greedy" is the seed's rule (longest eligible build to the free
 node that finishes it soonest); "critical-path" is HEFT (upward-rank priority, earliest-finish
 node, no insertion); "peft" is PEFT (optimistic cost table lookahead); "default" runs all three
-and keeps the shortest plan, so it is never worse than greedy. `choose_placements` is the online
-form the run coordinator calls; `lower_bounds` and `validate_schedule` judge any plan.
+and keeps the shortest plan, so it is never worse than greedy. `choose_placements` decides once
+from scratch; `follow.PlanFollower` is what the run coordinator calls each tick: one plan,
+followed, re-planned on drift, improved by CP-SAT from a solver runner (`runners`). Import those
+two modules by name: they import the solver, which imports this package. `lower_bounds` and
+`validate_schedule` judge any plan.
 """
 
 from rocm_assets.core.builds import Build as Build
@@ -48,6 +51,14 @@ from rocm_assets.core.placement.cost import (
     ProbeLike as ProbeLike,
     max_jobs as max_jobs,
     transfer_s as transfer_s,
+)
+from rocm_assets.core.placement.farm import (
+    FarmState as FarmState,
+    FollowSettings as FollowSettings,
+    PlannedBuild as PlannedBuild,
+    PlanView as PlanView,
+    Running as Running,
+    solver_budget_s as solver_budget_s,
 )
 from rocm_assets.core.placement.heuristics import (
     STRATEGIES as STRATEGIES,

@@ -52,15 +52,18 @@ class FollowSettings:
     solver_min_seconds, solver_seconds_per_build, solver_time_limit_seconds: the solver's budget
         for a re-plan of n builds, min(limit, max(min, per_build * n)) (`solver_budget_s`).
     solver_max_builds: above this many builds the heuristics' plan stands alone (the CP-SAT
-        model grows with builds x nodes).
+        model grows with builds x nodes), and plans compare by makespan alone.
+    robust_samples: once builds are seen to stray from their estimates, plans compare by their
+        mean makespan over this many draws of that spread (`robust`); 0: by makespan alone.
     """
 
     replan_drift_margin: float = 0.25
-    replan_early_margin: float | None = None
+    replan_early_margin: float | None = 0.1
     solver_min_seconds: float = 2.0
     solver_seconds_per_build: float = 0.6
     solver_time_limit_seconds: float = 60.0
     solver_max_builds: int = 300
+    robust_samples: int = 16
 
     def scaled(self, factor: float) -> "FollowSettings":
         """The same settings with every solver budget figure times `factor` (the bench's)."""
@@ -71,6 +74,7 @@ class FollowSettings:
             solver_seconds_per_build=self.solver_seconds_per_build * factor,
             solver_time_limit_seconds=self.solver_time_limit_seconds * factor,
             solver_max_builds=self.solver_max_builds,
+            robust_samples=self.robust_samples,
         )
 
 
@@ -97,7 +101,9 @@ class PlanView:
 
     `makespan_s` is the expected finish of everything planned or running (absolute);
     `strategy` what produced the plan ("default(peft)", "solver", ...); `reason` why it was
-    made; `solver` what the solver is doing or did for it.
+    made; `solver` what the solver is doing or did for it; `duration_sigma` how far finished
+    builds strayed from their estimates (a lognormal sigma; above 0, plans compare by their
+    mean makespan over draws of it).
     """
 
     strategy: str
@@ -106,4 +112,5 @@ class PlanView:
     makespan_s: float
     reason: str
     solver: str
+    duration_sigma: float
     queues: Mapping[str, tuple[PlannedBuild, ...]]

@@ -11,8 +11,9 @@ It re-plans when reality drifts from the plan (`FarmState` is what the caller kn
 - the usable node set changed (a node disappeared, failed its probe or came back);
 - a build running past its estimate by `replan_drift_margin` of it (the plan's ends are then
   pushed out by the same share, so a slow build re-plans a few times, not every tick);
-- a build finishing `replan_early_margin` of its estimate early (off by default: measured in
-  docs/benchmarks.md, it did not pay);
+- a build finishing `replan_early_margin` of its estimate early (its node is free before the
+  plan expected: with noisy durations re-planning then is what lets the follower match and
+  beat re-planning at every event, docs/benchmarks.md);
 - an input known not to be published (its run failed or was cancelled) or published again,
   a node held longer than planned by something outside the plan, a build started elsewhere.
 
@@ -27,7 +28,7 @@ Times are on the caller's clock (`now_s`, absolute seconds); a plan's times are 
 """
 
 from collections import deque
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import NamedTuple
 
 from rocm_assets.core.builds import Build
@@ -40,7 +41,7 @@ from rocm_assets.core.placement.farm import (
     Running,
     solver_budget_s,
 )
-from rocm_assets.core.placement.heuristics import run_default
+from rocm_assets.core.placement.heuristics import HEURISTICS
 from rocm_assets.core.placement.online import Decision, Start, Waiting
 from rocm_assets.core.placement.problem import (
     EPS,
@@ -51,8 +52,8 @@ from rocm_assets.core.placement.problem import (
     Run,
     Schedule,
     build_key,
-    left_shift,
 )
+from rocm_assets.core.placement.robust import Spread, draws, mean_makespan, order_of, retime
 from rocm_assets.core.placement.runners import SolveRequest, SolverRunner
 from rocm_assets.core.solver import SOLVER_STRATEGY, ortools_missing
 
@@ -96,11 +97,17 @@ class PlanFollower:
         self._solver_status = "off" if runner is None else (self._solver_off or "idle")
         self._error: str | None = None
         self._made_s = 0.0
-        self._span_s = 0.0
         self._makespan_s = 0.0
         self._ix: Index | None = None
         self._avail0: list[float] = []
+        self._run = Run([], [], [])
+        # How far finished builds strayed from their estimates, and the estimate each build
+        # the plan started had then.
+        self._spread = Spread()
+        self._estimate: dict[Build, float] = {}
         self._moved = False
+        # The plan came from the solver or the solver found nothing shorter.
+        self._solved = False
         self._slots: dict[Build, _Slot] = {}
         self._prev: dict[Build, Build] = {}
         self._queues: dict[str, deque[Build]] = {}
@@ -125,9 +132,24 @@ class PlanFollower:
             self._replan(state, why)
         self._take_solver_result(state)
         decision = self._follow(state)
+        for b in self._finished(state):
+            r = self._last_running[b]
+            estimate = self._estimate.pop(b, r.est_end_s - r.started_s)
+            if b not in state.unpublished:
+                self._spread.add(state.now_s - r.started_s, estimate)
         self._last_pending = set(state.pending)
+        # What the plan started counts as running from now, even before the caller says so:
+        # a build may start and end between two ticks.
         self._last_running = dict(state.running)
+        for start in decision.starts:
+            self._last_running.setdefault(
+                start.build, Running(start.node, state.now_s, start.est_finish_s)
+            )
         return decision
+
+    def _finished(self, s: FarmState) -> list[Build]:
+        """Builds running at the last tick and neither running nor waiting now."""
+        return [b for b in self._last_running.keys() - s.running.keys() if b not in s.pending]
 
     def notes(self) -> list[str]:
         """Messages not yet handed out, each said once: log them."""
@@ -153,6 +175,7 @@ class PlanFollower:
             self._makespan_s,
             self._reason,
             self._solver_status,
+            round(self._spread.sigma, 4),
             queues,
         )
 
@@ -209,7 +232,7 @@ class PlanFollower:
                 return f"{b} on {r.node} ran {margin:.0%} past its estimate"
         early = self.settings.replan_early_margin
         if early is not None:
-            for b in self._last_running.keys() - running.keys():
+            for b in self._finished(s):
                 r = self._last_running[b]
                 end = self._assumed_end.get(b, r.est_end_s)
                 if now < end - early * max(0.0, end - r.started_s):
@@ -233,7 +256,8 @@ class PlanFollower:
     # ---- re-planning ----
     def _replan(self, s: FarmState, why: str) -> None:
         now, pending, running = s.now_s, s.pending, s.running
-        old_slots, old_label = self._slots, self._label
+        old_slots, old_label, old_solved = self._slots, self._label, self._solved
+        self._solved = False
         self._generation += 1
         self.replans += 1
         self._has_plan = True
@@ -272,13 +296,24 @@ class PlanFollower:
                 self._note(f"placement cannot plan: {exc}")
             else:
                 avail0 = ix.avail(busy_until)
-                name, run = run_default(ix, avail0)
-                label = f"default({name})"
-                kept = _remainder(ix, avail0, old_slots)
-                if kept is not None and kept.makespan <= run.makespan + EPS:
-                    run, label = kept, old_label
+                candidates = [
+                    (f"default({name})", heuristic(ix, avail0), False)
+                    for name, heuristic in HEURISTICS.items()
+                ]
+                kept = retime(ix, avail0, old_slots)
+                if kept is not None:
+                    # First: on a tie the plan being followed stays.
+                    candidates.insert(0, (old_label, kept, old_solved))
+                score = self._scorer(ix, avail0)
+                label, run, solved = min(candidates, key=lambda c: score(c[1]))
                 self._set_plan(ix, avail0, run, label, now)
-                self._ask_solver(problem, busy_until, run, label)
+                self._solved = solved
+                if solved:
+                    # Only the times moved and the solver's plan, re-timed, is still the
+                    # shortest: a new solve would start from it again, at the same cost.
+                    self._solver_status = "not asked: the solver's plan still holds, re-timed"
+                else:
+                    self._ask_solver(problem, busy_until, run, label)
         self._waiting = {b: self._why(b, s) for b in pending}
 
     def _problem(self, s: FarmState, builds: tuple[Build, ...]) -> tuple[Problem, dict[str, float]]:
@@ -295,10 +330,25 @@ class PlanFollower:
         busy_until = {node: t - now for node, t in s.busy.items() if t > now}
         return Problem(builds, dict(s.pending), tuple(s.nodes), s.cost, placed), busy_until
 
+    def _scorer(self, ix: Index, avail0: Sequence[float]) -> Callable[[Run], float]:
+        """How plans of `ix` compare: by makespan, or once builds were seen to stray from their
+        estimates, by mean makespan over draws of that spread (`robust`). Rounded to the
+        microsecond, so float noise never breaks a tie."""
+        sigma, samples = self._spread.sigma, self.settings.robust_samples
+        if not sigma or not samples or len(ix.builds) > self.settings.solver_max_builds:
+            return lambda run: round(run.makespan, 6)
+        factors = draws(len(ix.builds), sigma, samples, self._generation)
+        return lambda run: round(
+            mean_makespan(ix, avail0, run.node_of, order_of(ix, run), factors), 6
+        )
+
     def _find_blocked(self, s: FarmState) -> dict[Build, Waiting]:
         """Pending builds that cannot start until an unpublished input is built again, and the
         pending builds below them; and builds already running (a duplicate request)."""
         blocked: dict[Build, Waiting] = {}
+        # The unpublished input at the root of each blocked build, and why: named in the reason
+        # of every build below it, so a reason never grows with the depth.
+        roots: dict[Build, str] = {}
         for b, deps in s.pending.items():
             r = s.running.get(b)
             if r is not None:
@@ -313,15 +363,15 @@ class PlanFollower:
                 key=build_key,
             )
             if bad:
-                blocked[b] = Waiting(
-                    f"waits for {bad[0]}: not published ({s.unpublished[bad[0]]})", deps=(bad[0],)
-                )
-        todo = [b for b, w in blocked.items() if w.deps]
+                roots[b] = f"{bad[0]}: not published ({s.unpublished[bad[0]]})"
+                blocked[b] = Waiting(f"waits for {roots[b]}", deps=(bad[0],))
+        todo = list(roots)
         while todo:
             b = todo.pop()
             for c in self._dependents.get(b, ()):
                 if c not in blocked:
-                    blocked[c] = Waiting(f"waits for {b}, which {blocked[b].reason}", deps=(b,))
+                    roots[c] = roots[b]
+                    blocked[c] = Waiting(f"waits for {b}, which waits for {roots[c]}", deps=(b,))
                     todo.append(c)
         return blocked
 
@@ -333,14 +383,10 @@ class PlanFollower:
         self._avail0 = list(avail0)
         self._label = label
         self._made_s = origin
-        self._span_s = run.makespan
+        self._run = run
         self._slots, self._prev, self._queues = {}, {}, {}
         if ix is not None:
-            topo = [0] * len(ix.builds)
-            for k, i in enumerate(ix.topo):
-                topo[i] = k
-            order = sorted(range(len(ix.builds)), key=lambda i: (run.start[i], run.end[i], topo[i]))
-            for i in order:
+            for i in order_of(ix, run):
                 b, node = ix.builds[i], ix.names[run.node_of[i]]
                 queue = self._queues.setdefault(node, deque())
                 if queue:
@@ -396,7 +442,7 @@ class PlanFollower:
         solved = {a.build: _Slot(a.node, a.start_s, a.end_s) for a in result.schedule.assignments}
         if not self._moved and self._ix is not None:
             # Nothing started since the plan was made: both plans start from its origin.
-            ix, avail0, origin, mine = self._ix, self._avail0, self._made_s, self._span_s
+            ix, avail0, origin, current = self._ix, self._avail0, self._made_s, self._run
         else:
             # Builds started meanwhile: compare what is left of both plans from now.
             builds = tuple(b for b in self._queued if b in s.pending and b not in s.running)
@@ -408,17 +454,17 @@ class PlanFollower:
             except PlacementError:
                 return
             avail0, origin = ix.avail(busy_until), s.now_s
-            current = _remainder(ix, avail0, self._slots)
-            mine = current.makespan if current is not None else float("inf")
-        theirs = _remainder(ix, avail0, solved)
+            current = retime(ix, avail0, self._slots)
+        theirs = retime(ix, avail0, solved)
         gap = f"{result.status}, gap {100 * result.gap:.1f}%"
-        if theirs is not None and theirs.makespan < mine - EPS:
+        self._solved = True
+        score = self._scorer(ix, avail0)
+        mine = score(current) if current is not None else float("inf")
+        if theirs is not None and score(theirs) < mine:
             # The solver's own plan, or the warm start it could not better (the rollout's).
             label = result.hint.strategy if result.kept_hint else SOLVER_STRATEGY
             self._set_plan(ix, avail0, theirs, label, origin)
-            self._solver_status = (
-                f"adopted: {gap}, {100 * (1 - theirs.makespan / mine):.1f}% shorter"
-            )
+            self._solver_status = f"adopted: {gap}, {100 * (1 - score(theirs) / mine):.1f}% shorter"
             self._waiting = {b: self._why(b, s) for b in s.pending}
         else:
             self._solver_status = f"kept {self._label}: {gap}, nothing shorter"
@@ -450,6 +496,7 @@ class PlanFollower:
             finish = now + (slot.end_s - slot.start_s)
             starts.append(Start(head, node, now, finish))
             self._assumed_end[head] = finish
+            self._estimate[head] = finish - now
             self._emitted.add(head)
             self._moved = True
         for b in left:
@@ -491,33 +538,6 @@ class PlanFollower:
             else:
                 reason = f"planned on {slot.node} after {prev}"
         return Waiting(reason, deps=unfinished, node=slot.node, est_start_s=slot.start_s)
-
-
-def _remainder(
-    ix: Index, avail0: Sequence[float], slots: Mapping[Build, tuple[str, float, float]]
-) -> Run | None:
-    """The plan `slots` (node, start, end per build) for the builds of `ix`, re-timed from
-    `avail0` by following it: each node in the plan's order, each build once its inputs are
-    pushed. None when it misses a build or names a node `ix` lacks."""
-    if not slots:
-        return None
-    node_pos = {name: p for p, name in enumerate(ix.names)}
-    n = len(ix.builds)
-    topo = [0] * n
-    for k, i in enumerate(ix.topo):
-        topo[i] = k
-    node_of = [0] * n
-    keys: list[tuple[float, int, int]] = []
-    for i, b in enumerate(ix.builds):
-        slot = slots.get(b)
-        p = None if slot is None else node_pos.get(slot[0])
-        if slot is None or p is None:
-            return None
-        node_of[i] = p
-        keys.append((slot[1], topo[i], i))
-    # A valid plan starts every input before its dependents; ties go in dependency order.
-    order = [i for *_, i in sorted(keys)]
-    return left_shift(ix, node_of, order, avail0)
 
 
 class SimulatedCoordinator:
