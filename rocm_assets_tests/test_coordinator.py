@@ -11,6 +11,7 @@ from pathlib import Path
 
 import dagster as dg
 import pytest
+import yaml
 from dagster._core.errors import DagsterInvalidConfigError
 from dagster._core.run_coordinator import SubmitRunContext
 from dagster._core.test_utils import (
@@ -38,7 +39,10 @@ from rocm_assets.core.constants import (
     ROCM_WAITING_FOR_TAG,
 )
 from rocm_assets.core.fleet import load_fleet
+from rocm_assets.core.placement.farm import FollowSettings
+from rocm_assets.core.placement.follow import COORDINATOR_STRATEGY
 from rocm_assets.instance import claims
+from rocm_assets.instance.coordinator import PlacementRunCoordinator
 from rocm_assets.instance.history import finished_builds, measured_durations
 from rocm_assets.instance.placer import PLAN_KEY
 from rocm_assets_tests.helpers import PROJECT_ROOT
@@ -65,6 +69,32 @@ def test_config_is_validated(fleet_file: Path) -> None:
             assert instance.run_coordinator is not None
     with instance_for_test(overrides=coordinator_config(fleet_file, strategy="greedy")) as instance:
         assert isinstance(instance.run_coordinator, dg.QueuedRunCoordinator)
+
+
+@pytest.mark.parametrize("path", ["dagster.yaml", "deploy/dagster.yaml"])
+def test_the_shipped_settings_reach_the_placement_authority(path: str, fleet_file: Path) -> None:
+    config = yaml.safe_load((PROJECT_ROOT / path).read_text())["run_coordinator"]["config"]
+    # deploy/'s file paths come from env vars; the test's own files stand in.
+    shipped = {k: v for k, v in config.items() if k not in ("bake_file", "fleet_file")}
+    follow = {k: v for k, v in shipped.items() if k in FollowSettings.__dataclass_fields__}
+    with instance_for_test(overrides=coordinator_config(fleet_file, **shipped)) as instance:
+        coordinator = instance.run_coordinator
+        assert isinstance(coordinator, PlacementRunCoordinator)
+        settings = coordinator.settings
+    assert settings.strategy == shipped["strategy"] == COORDINATOR_STRATEGY
+    assert settings.follow == FollowSettings(**follow)
+    assert set(follow) == {
+        "replan_drift_margin",
+        "replan_early_margin",
+        "solver_min_seconds",
+        "solver_seconds_per_build",
+        "solver_time_limit_seconds",
+    }
+    assert (settings.solver_workers, settings.lease_seconds, settings.input_wait_seconds) == (
+        shipped["solver_workers"],
+        shipped["lease_seconds"],
+        shipped["input_wait_seconds"],
+    )
 
 
 def test_limits_hold_waiting_runs_and_one_per_node(instance: dg.DagsterInstance) -> None:

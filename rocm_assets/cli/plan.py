@@ -31,7 +31,7 @@ from rocm_assets.core.placement import (
     validate_schedule,
 )
 from rocm_assets.core.placement.farm import FarmState, FollowSettings, solver_budget_s
-from rocm_assets.core.placement.follow import PlanFollower
+from rocm_assets.core.placement.follow import COORDINATOR_STRATEGY, PlanFollower
 from rocm_assets.core.placement.runners import InlineSolver
 from rocm_assets.core.probes import NodeProbe, best_node, probe_fleet
 from rocm_assets.core.solver import DEFAULT_TIME_LIMIT_S, SOLVER_STRATEGY, SolverError, solve
@@ -69,9 +69,6 @@ def _probed_nodes(fleet: Fleet, probe: bool) -> tuple[list[NodeProbe], list[Node
     if not nodes:
         raise CliError("every node is excluded by its probe (reasons above): nothing to plan on")
     return [p for p in probes if p.ok], nodes
-
-
-COORDINATOR = "coordinator"
 
 
 def _coordinator_plan(
@@ -116,8 +113,10 @@ def cmd_plan(args: argparse.Namespace) -> int:
     problem = Problem(tuple(builds), deps, tuple(nodes), CostModel(fleet, probes=probes))
     extra: dict[str, Any] = {}
     try:
-        if args.strategy == COORDINATOR:
-            schedule, extra[COORDINATOR] = _coordinator_plan(problem, deps, args.time_limit)
+        if args.strategy == COORDINATOR_STRATEGY:
+            schedule, extra[COORDINATOR_STRATEGY] = _coordinator_plan(
+                problem, deps, args.time_limit
+            )
             bound = schedule.lower_bound_s
         elif args.strategy == SOLVER_STRATEGY:
             limit = DEFAULT_TIME_LIMIT_S if args.time_limit is None else args.time_limit
@@ -184,8 +183,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
     )
     if "solver" in extra:
         out(f"solver: {extra['solver']['status']}, gap {100 * extra['solver']['gap']:.1f}%")
-    if COORDINATOR in extra:
-        out(f"coordinator's solver: {extra[COORDINATOR]['solver']}")
+    if COORDINATOR_STRATEGY in extra:
+        out(f"coordinator's solver: {extra[COORDINATOR_STRATEGY]['solver']}")
     for item in published:
         out(
             f"must already be published: {item['image']} (needed by {', '.join(item['needed_by'])})"
@@ -272,8 +271,8 @@ def add_parsers(sub: Any) -> None:
     add_fleet(p)
     p.add_argument(
         "--strategy",
-        choices=[COORDINATOR, *STRATEGIES, SOLVER_STRATEGY],
-        default=COORDINATOR,
+        choices=[COORDINATOR_STRATEGY, *STRATEGIES, SOLVER_STRATEGY],
+        default=COORDINATOR_STRATEGY,
         help="placement strategy (default: coordinator, the plan the run coordinator would "
         "follow: the best heuristic plan, then CP-SAT within its budget)",
     )

@@ -42,6 +42,7 @@ from rocm_assets.core.constants import (
     ROCM_WAITING_FOR_TAG,
 )
 from rocm_assets.core.placement.farm import FollowSettings
+from rocm_assets.core.placement.follow import COORDINATOR_STRATEGY
 from rocm_assets.core.preflight import PreflightError, preflight
 from rocm_assets.core.probes import ProbeCache
 from rocm_assets.core.registry import RegistryClient, RegistryError
@@ -52,7 +53,7 @@ from rocm_assets.instance.dagster_internals import (
     called_by_run_queue_daemon,
     subset_run,
 )
-from rocm_assets.instance.placer import FOLLOW_PLAN, FarmFiles, Placer, PlacerSettings
+from rocm_assets.instance.placer import FarmFiles, Placer, PlacerSettings
 from rocm_assets.instance.runs import IN_FLIGHT_STATUSES, builds_of_run
 
 logger = logging.getLogger("rocm_assets.instance")
@@ -64,7 +65,12 @@ _SUBMIT_REGISTRY_OPTIONS = {
     "retries": 0,
     "deadline": 3.0,
 }
-_STRATEGIES = (FOLLOW_PLAN, *placement.STRATEGIES)
+_STRATEGIES = (COORDINATOR_STRATEGY, *placement.STRATEGIES)
+# Each default lives once: the core's settings, and these two for the probes.
+_FOLLOW = FollowSettings()
+_PLACER = PlacerSettings()
+_PROBE_INTERVAL_S = 60
+_PROBE_MAX_AGE_S = 300
 # Dagster's partition tags a child run must not inherit from the request it was split from.
 _PARTITION_TAGS = (PARTITION_TAG, PARTITION_RANGE_START_TAG, PARTITION_RANGE_END_TAG)
 
@@ -76,18 +82,19 @@ class PlacementRunCoordinator(dg.QueuedRunCoordinator):
         self,
         bake_file: str | None = None,
         fleet_file: str | None = None,
-        strategy: str = FOLLOW_PLAN,
-        replan_drift_margin: float = 0.25,
-        solver: bool = True,
-        solver_min_seconds: float = 2.0,
-        solver_seconds_per_build: float = 0.6,
-        solver_time_limit_seconds: float = 60.0,
+        strategy: str = COORDINATOR_STRATEGY,
+        replan_drift_margin: float = _FOLLOW.replan_drift_margin,
+        replan_early_margin: float | None = _FOLLOW.replan_early_margin,
+        solver: bool = _PLACER.solver,
+        solver_min_seconds: float = _FOLLOW.solver_min_seconds,
+        solver_seconds_per_build: float = _FOLLOW.solver_seconds_per_build,
+        solver_time_limit_seconds: float = _FOLLOW.solver_time_limit_seconds,
         solver_workers: int = 1,
-        probe_interval_seconds: int = 60,
-        probe_max_age_seconds: int = 300,
-        probe_nodes: bool = True,
-        lease_seconds: int = 300,
-        input_wait_seconds: int = 1800,
+        probe_interval_seconds: int = _PROBE_INTERVAL_S,
+        probe_max_age_seconds: int = _PROBE_MAX_AGE_S,
+        probe_nodes: bool = _PLACER.probe_nodes,
+        lease_seconds: int = int(_PLACER.lease_seconds),
+        input_wait_seconds: int = int(_PLACER.input_wait_seconds),
         **kwargs: Any,
     ):
         super().__init__(**kwargs)
@@ -101,6 +108,7 @@ class PlacementRunCoordinator(dg.QueuedRunCoordinator):
             strategy=strategy,
             follow=FollowSettings(
                 replan_drift_margin=replan_drift_margin,
+                replan_early_margin=replan_early_margin,
                 solver_min_seconds=solver_min_seconds,
                 solver_seconds_per_build=solver_seconds_per_build,
                 solver_time_limit_seconds=solver_time_limit_seconds,
@@ -129,32 +137,40 @@ class PlacementRunCoordinator(dg.QueuedRunCoordinator):
             ),
             "strategy": dg.Field(
                 dg.Enum("PlacementStrategy", [dg.EnumValue(name) for name in _STRATEGIES]),
-                default_value=FOLLOW_PLAN,
-                description="plan: follow the best plan found (the heuristics at once, CP-SAT in "
+                default_value=COORDINATOR_STRATEGY,
+                description="coordinator: follow the best plan found (the heuristics at once, CP-SAT in "
                 "the background), re-planned on drift. Or re-decide every tick with one heuristic: "
                 "default (the best of the three), greedy (the seed's rule), critical-path, peft.",
             ),
             "replan_drift_margin": dg.Field(
                 float,
-                default_value=0.25,
+                default_value=_FOLLOW.replan_drift_margin,
                 description="Re-plan when a build has run this share past its estimate.",
+            ),
+            "replan_early_margin": dg.Field(
+                dg.Noneable(float),
+                default_value=_FOLLOW.replan_early_margin,
+                description="Re-plan when a build ends this share of its estimate early (its "
+                "machine is free sooner than planned); null: never.",
             ),
             "solver": dg.Field(
                 bool,
-                default_value=True,
+                default_value=_PLACER.solver,
                 description="False: the plan is the heuristics' alone (no CP-SAT).",
             ),
             "solver_min_seconds": dg.Field(
-                float, default_value=2.0, description="The solver's budget for a small re-plan."
+                float,
+                default_value=_FOLLOW.solver_min_seconds,
+                description="The solver's budget for a small re-plan.",
             ),
             "solver_seconds_per_build": dg.Field(
                 float,
-                default_value=0.6,
+                default_value=_FOLLOW.solver_seconds_per_build,
                 description="The solver's budget grows by this per build at stake.",
             ),
             "solver_time_limit_seconds": dg.Field(
                 float,
-                default_value=60.0,
+                default_value=_FOLLOW.solver_time_limit_seconds,
                 description="The most the solver gets for one re-plan (a 100-build backfill).",
             ),
             "solver_workers": dg.Field(
@@ -164,26 +180,28 @@ class PlacementRunCoordinator(dg.QueuedRunCoordinator):
             ),
             "probe_interval_seconds": dg.Field(
                 dg.IntSource,
-                default_value=60,
+                default_value=_PROBE_INTERVAL_S,
                 description="How often the daemon probes the nodes over SSH.",
             ),
             "probe_max_age_seconds": dg.Field(
                 dg.IntSource,
-                default_value=300,
+                default_value=_PROBE_MAX_AGE_S,
                 description="Older probe results are ignored and the fleet's figures stand in.",
             ),
             "probe_nodes": dg.Field(
-                bool, default_value=True, description="False: never probe; use the fleet's figures."
+                bool,
+                default_value=_PLACER.probe_nodes,
+                description="False: never probe; use the fleet's figures.",
             ),
             "lease_seconds": dg.Field(
                 dg.IntSource,
-                default_value=300,
+                default_value=int(_PLACER.lease_seconds),
                 description="A started build whose worker stops renewing its builder claim for "
                 "this long is taken as dead: its builder is freed and its run failed.",
             ),
             "input_wait_seconds": dg.Field(
                 dg.IntSource,
-                default_value=1800,
+                default_value=int(_PLACER.input_wait_seconds),
                 description="How long a build waits on an input whose last run failed or was "
                 "cancelled (for someone to rebuild it) before it fails, naming the input.",
             ),
@@ -200,6 +218,11 @@ class PlacementRunCoordinator(dg.QueuedRunCoordinator):
         if self._placer is not None:
             self._placer.close()
         super().dispose()
+
+    @property
+    def settings(self) -> PlacerSettings:
+        """What the placement authority was configured with (dagster.yaml, resolved)."""
+        return self._settings
 
     @property
     def placer(self) -> Placer:

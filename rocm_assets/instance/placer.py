@@ -40,7 +40,7 @@ from rocm_assets.core.constants import (
 )
 from rocm_assets.core.fleet import Fleet, FleetError, fleet_path, load_fleet
 from rocm_assets.core.placement.farm import FarmState, FollowSettings, PlanView, Running
-from rocm_assets.core.placement.follow import PlanFollower
+from rocm_assets.core.placement.follow import COORDINATOR_STRATEGY, PlanFollower
 from rocm_assets.core.placement.runners import ThreadSolver
 from rocm_assets.core.preflight import materialize_command
 from rocm_assets.core.probes import ProbeCache
@@ -55,9 +55,6 @@ logger = logging.getLogger("rocm_assets.instance")
 _MEASURED_TTL_S = 300.0
 
 
-# The strategy that follows a stored plan (heuristics at once, CP-SAT in the background) and
-# re-plans on drift; the others re-decide each tick with one heuristic (`STRATEGIES`).
-FOLLOW_PLAN = "plan"
 # Where the followed plan is kept for `rocm-assets watch`: the instance's key-value store.
 PLAN_KEY = "rocm/plan"
 # A waiting run's estimated start is rewritten only when it moved by more than this.
@@ -66,7 +63,7 @@ _EST_TAG_SLACK_S = 60.0
 
 @dataclass(frozen=True)
 class PlacerSettings:
-    strategy: str = FOLLOW_PLAN
+    strategy: str = COORDINATOR_STRATEGY
     follow: FollowSettings = field(default_factory=FollowSettings)
     # False, or OR-Tools missing: the follower plans with the heuristics alone.
     solver: bool = True
@@ -205,7 +202,7 @@ class Placer:
         held_back = self._hold_for_unpublished(farm, deps, failed, graph, now)
         pending = {b: deps[b] for b in farm.waiting if b not in held_back}
         nodes = [n for n in fleet.nodes if n.name not in excluded]
-        if self.settings.strategy == FOLLOW_PLAN:
+        if self.settings.strategy == COORDINATOR_STRATEGY:
             decision = self._follow(farm, pending, nodes, cost, built_on, failed, held_back, now)
         else:
             decision = placement.choose_placements(

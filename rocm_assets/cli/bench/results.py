@@ -8,7 +8,10 @@ from typing import Any
 from rocm_assets.cli.bench.scenarios import Instance, Scenario
 from rocm_assets.core.placement import STRATEGIES, Build, Problem, Schedule, plan
 from rocm_assets.core.placement.farm import FollowSettings
-from rocm_assets.core.placement.follow import SimulatedCoordinator
+from rocm_assets.core.placement.follow import (
+    COORDINATOR_STRATEGY as COORDINATOR,
+    SimulatedCoordinator,
+)
 from rocm_assets.core.placement.runners import InlineSolver, SolveOutcome, SolveRequest
 from rocm_assets.core.placement.simulate import follow, noise_factors, online, serial_plan, simulate
 from rocm_assets.core.solver import SolveResult, solve
@@ -18,8 +21,6 @@ ONLINE = ("greedy", "critical-path", "peft", "default")
 # its static plan followed instead.
 DEFAULT_LOCALITY = "default-locality"
 DEFAULT_PLAN = "default-plan"
-# What the run coordinator runs: the PlanFollower, its solver inline.
-COORDINATOR = "coordinator"
 SOLVER = "solver"
 BUILDX_DEFAULT = "buildx-default"
 SINGLE_BEST = "single-best-node"

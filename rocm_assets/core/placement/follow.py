@@ -58,6 +58,9 @@ from rocm_assets.core.placement.runners import SolveRequest, SolverRunner
 from rocm_assets.core.solver import SOLVER_STRATEGY, ortools_missing
 
 # A running build past its estimate is planned to need at least this much more.
+# The strategy name of what the run coordinator does with a PlanFollower: in dagster.yaml,
+# `rocm-assets plan --strategy` and the bench's tables alike.
+COORDINATOR_STRATEGY = "coordinator"
 MIN_REMAINING_S = 1.0
 
 
