@@ -11,31 +11,18 @@ from pathlib import Path
 
 import pytest
 
-from rocm_assets.core.bake import BakeGraph, load_graph
-from rocm_assets_tests.helpers import PROJECT_ROOT
+from rocm_assets.core.bake import BakeGraph
 from rocm_assets_tests.helpers.registry_tick import (
-    PUSHED_AT,
     TICK_ARCHES,
-    fill_registry,
+    filled_docker_registry,
+    filled_zot,
     measure_ticks,
-    tick_bake_file,
+    repositories,
 )
 from rocm_assets_tests.servers.fakes import FakeZot
 from rocm_assets_tests.servers.registry import RegistryServer
 
 REPEATS = 2
-
-
-def _graph(tmp_path: Path, host: str, namespace: str = "rocm-pytorch") -> BakeGraph:
-    graph = load_graph(
-        tick_bake_file(PROJECT_ROOT / "rocm-bake.hcl", tmp_path),
-        {
-            "REGISTRY": host,
-            "NAMESPACE": namespace,
-        },
-    )
-    assert len(graph.arches) == TICK_ARCHES
-    return graph
 
 
 def _partitions(graph: BakeGraph) -> int:
@@ -44,10 +31,7 @@ def _partitions(graph: BakeGraph) -> int:
 
 
 def test_zot_tick_asks_once_per_repository(zot_fake: FakeZot, tmp_path: Path) -> None:
-    graph = _graph(tmp_path, zot_fake.host)
-    digests = fill_registry(
-        graph, zot_fake.host, lambda repo, tag: zot_fake.put(repo, tag, pushed_at=PUSHED_AT)
-    )
+    graph, digests = filled_zot(zot_fake, tmp_path)
     assert len(digests) == _partitions(graph)
     zot = measure_ticks(graph, zot_fake.url, lambda: len(zot_fake.log), digests, REPEATS)
     repos = len(zot_fake.repos)
@@ -61,17 +45,11 @@ def test_zot_tick_asks_once_per_repository(zot_fake: FakeZot, tmp_path: Path) ->
 def test_docker_registry_tick_lists_then_heads_every_tag(
     registry_server: RegistryServer, tmp_path: Path
 ) -> None:
-    namespace = registry_server.new_repo("rocm-pytorch")
-    graph = _graph(tmp_path, registry_server.host, namespace)
-    digests = fill_registry(
-        graph,
-        registry_server.host,
-        lambda repo, tag: registry_server.push_image(repo, tag, tag.encode()),
-    )
+    graph, digests = filled_docker_registry(registry_server, tmp_path)
     registry = measure_ticks(
         graph, registry_server.url, registry_server.requests_served, digests, REPEATS
     )
-    repos = {ref.split("/", 1)[1].split(":")[0] for ref in digests}
+    repos = repositories(digests)
     # The probe that finds no search, a tags/list per repository, a HEAD per tag.
     assert (
         registry["steady_requests"] == registry["first_requests"] == 1 + len(repos) + len(digests)

@@ -15,11 +15,14 @@ from typing import Any
 
 import dagster as dg
 
-from rocm_assets.core.bake import BakeGraph
+from rocm_assets.core.bake import BakeGraph, load_graph
 from rocm_assets.core.constants import ARCH_LIST_ATTR
 from rocm_assets.defs.registry_checks import DATA_VERSION_TAG, entries
 from rocm_assets.defs.resources.registry import RegistryResource
 from rocm_assets.defs.sensors import build_registry_observation_sensor
+from rocm_assets_tests.helpers import PROJECT_ROOT
+from rocm_assets_tests.servers.fakes import FakeZot
+from rocm_assets_tests.servers.registry import RegistryServer
 
 # The registry tick watches this many arches; the shipped file's list is topped up from these.
 TICK_ARCHES = 6
@@ -64,6 +67,39 @@ class SensorTicker:
         if not isinstance(result, dg.SensorResult):
             raise AssertionError(f"the registry tick did not read the registry: {result}")
         return seconds, result
+
+
+def tick_graph(out_dir: Path, host: str, namespace: str = "rocm-pytorch") -> BakeGraph:
+    """The shipped bake file, topped up to TICK_ARCHES in a copy under `out_dir`, evaluated for
+    the registry at `host`."""
+    bake = tick_bake_file(PROJECT_ROOT / "rocm-bake.hcl", out_dir)
+    graph = load_graph(bake, {"REGISTRY": host, "NAMESPACE": namespace})
+    if len(graph.arches) != TICK_ARCHES:
+        raise AssertionError(f"{bake}: {len(graph.arches)} arches, not {TICK_ARCHES}")
+    return graph
+
+
+def filled_zot(zot: FakeZot, out_dir: Path) -> tuple[BakeGraph, dict[str, str]]:
+    """The tick's graph, and the Zot-like fake holding each of its tags (their digests)."""
+    graph = tick_graph(out_dir, zot.host)
+    return graph, fill_registry(
+        graph, zot.host, lambda repo, tag: zot.put(repo, tag, pushed_at=PUSHED_AT)
+    )
+
+
+def filled_docker_registry(
+    server: RegistryServer, out_dir: Path
+) -> tuple[BakeGraph, dict[str, str]]:
+    """The tick's graph in a fresh namespace, and the real registry holding each of its tags."""
+    graph = tick_graph(out_dir, server.host, server.new_repo("rocm-pytorch"))
+    return graph, fill_registry(
+        graph, server.host, lambda repo, tag: server.push_image(repo, tag, tag.encode())
+    )
+
+
+def repositories(digests: Mapping[str, str]) -> set[str]:
+    """The repositories of `host/repo:tag` references."""
+    return {ref.split("/", 1)[1].split(":")[0] for ref in digests}
 
 
 def fill_registry(graph: BakeGraph, host: str, push: Callable[[str, str], str]) -> dict[str, str]:
