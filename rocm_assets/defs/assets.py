@@ -1,6 +1,7 @@
 """One asset per bake target, generated from the bake graph: no target or edge is named here."""
 
 from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING
 
 import dagster as dg
 
@@ -15,7 +16,10 @@ from rocm_assets.core.constants import (
 from rocm_assets.defs.freshness import freshness_policy
 from rocm_assets.defs.resources.bake import BakeResource
 from rocm_assets.defs.resources.registry import RegistryResource
-from rocm_assets.instance.dagster_internals import UnresolvedAssetJobDefinition
+
+if TYPE_CHECKING:
+    # A type only: importing dagster_internals loads Dagster's SQL storage (0.3 s).
+    from rocm_assets.instance.dagster_internals import UnresolvedAssetJobDefinition
 
 ASSET_GROUP = "rocm"
 GROUP_TAG_PREFIX = "rocm-group/"
@@ -116,7 +120,7 @@ def build_bake_assets(graph: BakeGraph) -> list[dg.AssetsDefinition]:
     ]
 
 
-def build_jobs(graph: BakeGraph) -> list[UnresolvedAssetJobDefinition]:
+def build_jobs(graph: BakeGraph) -> list["UnresolvedAssetJobDefinition"]:
     """A job per bake group, and one per asset target outside every group (bake's own targets)."""
     jobs = [
         dg.define_asset_job(

@@ -23,19 +23,23 @@ tag `dagster/partition=<arch>`, which the check's context reads like any partiti
 
 import shlex
 from collections.abc import Iterator
+from typing import TYPE_CHECKING
 
 import dagster as dg
 from pydantic import Field
 
 from rocm_assets.core.bake import BakeGraph
 from rocm_assets.core.bake.names import job_name
+from rocm_assets.core.constants import PARTITION_TAG
 from rocm_assets.core.fleet import Fleet, FleetError, Node, load_fleet
 from rocm_assets.core.probes import CommandResult, NodeCommandError, run_on_node
 from rocm_assets.defs.assets import arch_partitions
 from rocm_assets.defs.resources.bake import BakeResource, md_block
-from rocm_assets.instance.dagster_internals import UnresolvedAssetJobDefinition
 
-_PARTITION_TAG = "dagster/partition"
+if TYPE_CHECKING:
+    # A type only: importing dagster_internals loads Dagster's SQL storage (0.3 s).
+    from rocm_assets.instance.dagster_internals import UnresolvedAssetJobDefinition
+
 # Exit statuses of `docker run` itself, as opposed to the test's own.
 _DOCKER_EXITS = {
     125: "docker could not start the container (image not pulled, or no such device)",
@@ -178,7 +182,7 @@ def _gpu_test_check(graph: BakeGraph, test_target: str) -> dg.AssetChecksDefinit
         if per_arch and not context.has_partition_key:
             raise dg.Failure(
                 description=f"{spec.name} tests one arch: launch it with the run tag "
-                f"{_PARTITION_TAG}=<arch> (one of {', '.join(graph.arches)})"
+                f"{PARTITION_TAG}=<arch> (one of {', '.join(graph.arches)})"
             )
         # A noarch target is built against the first arch (BakeGraph.build_arch).
         arch = context.partition_key if per_arch else graph.arches[0]
@@ -253,13 +257,13 @@ def build_gpu_test_checks(graph: BakeGraph) -> list[dg.AssetChecksDefinition]:
     return [_gpu_test_check(graph, test) for test in graph.test_targets]
 
 
-def build_gpu_test_jobs(graph: BakeGraph) -> list[UnresolvedAssetJobDefinition]:
+def build_gpu_test_jobs(graph: BakeGraph) -> list["UnresolvedAssetJobDefinition"]:
     """`<test target>_job` per test target, selecting its check alone (no build)."""
     return [
         dg.define_asset_job(
             f"{job_name(test)}_job",
             selection=dg.AssetSelection.checks(gpu_test_check_key(graph, test)),
-            description=f"Runs `{test}` on a GPU node for the arch in the run tag {_PARTITION_TAG}.",
+            description=f"Runs `{test}` on a GPU node for the arch in the run tag {PARTITION_TAG}.",
         )
         for test in graph.test_targets
     ]

@@ -39,8 +39,10 @@ from rocm_assets.core.probes import probe_node
 from rocm_assets.core.settings import bake_file_path
 from rocm_assets.defs.registry_checks import latest_built_digest, preflight_run
 from rocm_assets.defs.resources.registry import RegistryResource
-from rocm_assets.instance import claims
-from rocm_assets.instance.coordinator import PlacementRunCoordinator
+
+# rocm_assets.instance (the builder claims and the coordinator) is imported inside the functions
+# that run a build: the claims' SQL pool tables load alembic, 0.3 s of every code location load
+# (`rocm-assets bench`'s code_location_load), which only a build run needs.
 
 # Tags that once placed a run by themselves; they are only logged as ignored now.
 _SELF_PLACED_TAGS = (ROCM_NODE_TAG, ROCM_MAX_JOBS_TAG, ROCM_BUILDER_TAG)
@@ -51,6 +53,8 @@ _LEASE_RENEW_S = 30.0
 
 def _placement_daemon_alive(instance: dg.DagsterInstance) -> bool:
     """The instance's queued-run daemon runs rocm-assets' coordinator and beat recently."""
+    from rocm_assets.instance.coordinator import PlacementRunCoordinator
+
     if not isinstance(instance.run_coordinator, PlacementRunCoordinator):
         return False
     beat = instance.get_daemon_heartbeats().get("QUEUED_RUN_COORDINATOR")
@@ -61,22 +65,30 @@ class _LeaseKeeper:
     """Renews the run's claim lease while a bake runs, so the daemon knows the worker lives."""
 
     def __init__(self, instance: dg.DagsterInstance, run_id: str) -> None:
+        from rocm_assets.instance.coordinator import PlacementRunCoordinator
+        from rocm_assets.instance.placer import PlacerSettings
+
         self._instance, self._run_id = instance, run_id
         coordinator = instance.run_coordinator
-        lease_s = (
-            coordinator.placer.settings.lease_seconds
+        settings = (
+            coordinator.settings
             if isinstance(coordinator, PlacementRunCoordinator)
-            else 300.0
+            else PlacerSettings()
         )
+        lease_s = settings.lease_seconds
         self._every_s = min(_LEASE_RENEW_S, max(lease_s / 5, 0.5))
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="rocm-lease", daemon=True)
 
     def _loop(self) -> None:
+        from rocm_assets.instance import claims
+
         while not self._stop.wait(self._every_s):
             claims.renew_lease(self._instance, self._run_id, time.time())
 
     def __enter__(self) -> "_LeaseKeeper":
+        from rocm_assets.instance import claims
+
         claims.renew_lease(self._instance, self._run_id, time.time())
         self._thread.start()
         return self
@@ -130,6 +142,8 @@ class BakeResource(dg.ConfigurableResource):
         no placement daemon alive it places itself with the same core decision, through the
         same atomic claim. Placement tags are never read here: only the claim says where.
         """
+        from rocm_assets.instance import claims
+
         instance, run_id = context.instance, context.run.run_id
         supplied = {k: v for k, v in context.run.tags.items() if k in _SELF_PLACED_TAGS and v}
         if not claims.supported(instance):
@@ -177,6 +191,8 @@ class BakeResource(dg.ConfigurableResource):
     def _wait_in_line(
         self, context: dg.AssetExecutionContext, graph: BakeGraph, fleet: Fleet, build: Build
     ) -> str:
+        from rocm_assets.instance import claims
+
         instance, run_id = context.instance, context.run.run_id
         instance.add_run_tags(
             run_id,
@@ -215,6 +231,8 @@ class BakeResource(dg.ConfigurableResource):
         self, context: dg.AssetExecutionContext, fleet: Fleet, build: Build, claim: bool = True
     ) -> str | None:
         """No placement daemon: the coordinator's decision for this one build, then its claim."""
+        from rocm_assets.instance import claims
+
         instance, run_id = context.instance, context.run.run_id
         held = claims.claims(instance) if claim else {}
         free = [n for n in fleet.nodes if n.builder not in held]
@@ -274,6 +292,8 @@ class BakeResource(dg.ConfigurableResource):
         The same claim a placed build holds, so a test image never shares a machine with a
         build: the run waits until the builder is free.
         """
+        from rocm_assets.instance import claims
+
         instance, run_id = context.instance, context.run.run_id
         if claims.supported(instance):
             claims.ensure_builder_pools(instance, [node.builder])
@@ -292,6 +312,8 @@ class BakeResource(dg.ConfigurableResource):
     def materialize(
         self, context: dg.AssetExecutionContext, target: str, registry: RegistryResource
     ) -> dg.MaterializeResult:
+        from rocm_assets.instance import claims
+
         graph = self.graph()
         # Before placement and bake: a missing input fails here, not at step 1 of a build.
         preflight_run(context, registry, graph)
