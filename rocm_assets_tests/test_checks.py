@@ -83,7 +83,7 @@ def _resource(sshd: SshdServer, fleet: Path, **overrides: Any) -> GpuTestResourc
         fleet_file=str(fleet),
         known_hosts=str(sshd.known_hosts),
         key_filename=str(sshd.client_key),
-        connect_timeout_s=5.0,
+        connect_timeout_s=15.0,
         **overrides,
     )
 
@@ -239,7 +239,7 @@ def test_check_is_skipped_where_the_gpu_node_has_no_ssh(graph, tmp_path) -> None
 def test_unknown_host_key_is_refused_not_passed(graph, sshd_server, gpu_fleet, monkeypatch) -> None:
     monkeypatch.delenv("ROCM_SSH_KNOWN_HOSTS", raising=False)
     gpu_test = GpuTestResource(
-        fleet_file=str(gpu_fleet), key_filename=str(sshd_server.client_key), connect_timeout_s=5.0
+        fleet_file=str(gpu_fleet), key_filename=str(sshd_server.client_key), connect_timeout_s=15.0
     )
     with dg.instance_for_test() as instance:
         result = _run_check(graph, gpu_test, instance, "gfx942")
