@@ -89,7 +89,7 @@ class PlacementRunCoordinator(dg.QueuedRunCoordinator):
         solver_min_seconds: float = _FOLLOW.solver_min_seconds,
         solver_seconds_per_build: float = _FOLLOW.solver_seconds_per_build,
         solver_time_limit_seconds: float = _FOLLOW.solver_time_limit_seconds,
-        solver_workers: int = 1,
+        solver_workers: int = _PLACER.solver_workers,
         probe_interval_seconds: int = _PROBE_INTERVAL_S,
         probe_max_age_seconds: int = _PROBE_MAX_AGE_S,
         probe_nodes: bool = _PLACER.probe_nodes,
@@ -175,7 +175,7 @@ class PlacementRunCoordinator(dg.QueuedRunCoordinator):
             ),
             "solver_workers": dg.Field(
                 int,
-                default_value=1,
+                default_value=_PLACER.solver_workers,
                 description="CP-SAT threads in the daemon; the daemon's tick never waits for them.",
             ),
             "probe_interval_seconds": dg.Field(

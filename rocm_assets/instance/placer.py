@@ -67,7 +67,8 @@ class PlacerSettings:
     follow: FollowSettings = field(default_factory=FollowSettings)
     # False, or OR-Tools missing: the follower plans with the heuristics alone.
     solver: bool = True
-    solver_workers: int | None = None
+    # CP-SAT threads beside the daemon; one leaves the other cores to the daemon and the UI.
+    solver_workers: int = 1
     probe_nodes: bool = True
     # A started run whose worker has not renewed its claim's lease for this long is dead.
     lease_seconds: float = 300.0
