@@ -16,7 +16,6 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
-from datetime import UTC, datetime
 from pathlib import Path
 
 import dagster as dg
@@ -45,7 +44,7 @@ from rocm_assets.core.constants import (
 )
 from rocm_assets.core.fleet import load_fleet
 from rocm_assets.core.probes import probe_fleet
-from rocm_assets.core.timefmt import duration
+from rocm_assets.core.timefmt import duration, to_iso
 from rocm_assets_tests.helpers import PROJECT_ROOT, free_port, write_fleet
 from rocm_assets_tests.servers.sshd import SshdServer
 
@@ -69,10 +68,6 @@ def cols(line: str) -> list[str]:
     """A node line's columns, without the reachability label (every FLEET node is unprobed)."""
     assert NOT_PROBED in line, line
     return line.replace(NOT_PROBED, "", 1).split()
-
-
-def _iso(ts: float) -> str:
-    return datetime.fromtimestamp(ts, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 @pytest.fixture
@@ -122,8 +117,8 @@ def start(instance: dg.DagsterInstance, run: dg.DagsterRun, est_s: float | None)
         instance.add_run_tags(
             run.run_id,
             {
-                ROCM_EST_START_TAG: _iso(record.start_time),
-                ROCM_EST_FINISH_TAG: _iso(record.start_time + est_s),
+                ROCM_EST_START_TAG: to_iso(record.start_time),
+                ROCM_EST_FINISH_TAG: to_iso(record.start_time + est_s),
             },
         )
     return record.start_time
@@ -159,7 +154,7 @@ def farm(instance: dg.DagsterInstance) -> dict[str, dg.DagsterRun]:
     }
     instance.add_run_tags(
         runs["vllm"].run_id,
-        {ROCM_EST_START_TAG: _iso(time.time()), ROCM_EST_FINISH_TAG: _iso(time.time() + 1800)},
+        {ROCM_EST_START_TAG: to_iso(time.time()), ROCM_EST_FINISH_TAG: to_iso(time.time() + 1800)},
     )
     return runs
 
