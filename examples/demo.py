@@ -147,7 +147,42 @@ class Demo:
     def close(self) -> None:
         for service in reversed(self.services):
             service.stop()
+        self._stop_strays()
         _remove(self.state)
+
+    def _stop_strays(self) -> None:
+        """Stop what outlived its service's group: a run worker or shim in a session of its own.
+
+        Every process the demo started inherits its DOCKER_CONFIG, so that marks it as ours.
+        """
+        mark = f"DOCKER_CONFIG={self.env['DOCKER_CONFIG']}\0".encode()
+        for sig in (signal.SIGTERM, signal.SIGKILL):
+            strays = _processes_with(mark)
+            if not strays:
+                return
+            for pid in strays:
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.kill(pid, sig)
+            deadline = time.monotonic() + _STOP_GRACE_S
+            while _processes_with(mark) and time.monotonic() < deadline:
+                time.sleep(0.2)
+
+
+def _processes_with(mark: bytes) -> list[int]:
+    """Live (not zombie) processes whose environment contains `mark`."""
+    found = []
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            if mark not in (proc / "environ").read_bytes():
+                continue
+            state = (proc / "stat").read_text().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            continue
+        if state != "Z":
+            found.append(int(proc.name))
+    return found
 
 
 def _remove(state: Path) -> None:
