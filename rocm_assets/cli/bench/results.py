@@ -2,7 +2,7 @@
 
 import statistics
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from rocm_assets.cli.bench.scenarios import Instance, Scenario
@@ -12,9 +12,9 @@ from rocm_assets.core.placement.follow import (
     COORDINATOR_STRATEGY as COORDINATOR,
     SimulatedCoordinator,
 )
-from rocm_assets.core.placement.runners import InlineSolver, SolveOutcome, SolveRequest
+from rocm_assets.core.placement.runners import InlineSolver, SolveOutcome, SolveRequest, run_request
 from rocm_assets.core.placement.simulate import follow, noise_factors, online, serial_plan, simulate
-from rocm_assets.core.solver import SolveResult, solve
+from rocm_assets.core.solver import SolverError, SolveResult, solve
 
 ONLINE = ("greedy", "critical-path", "peft", "default")
 # Diagnostics of the default strategy: online with the node each finished build is on, and
@@ -87,15 +87,24 @@ class Outcome:
         }
 
 
-class _Remembering:
-    """The inline solver runner, remembering outcomes by request. Every run of one instance
-    (exact, then each noise draw) starts from the same state, so its first solve is the same
-    deterministic work with the same answer: done once, not once a run."""
+class _Solves:
+    """The coordinator's solver runner in the bench (`SolverRunner`), remembering outcomes.
 
-    def __init__(self, memo: dict[tuple[Any, ...], SolveOutcome]) -> None:
+    An instance's first request (the plan made at time 0, the same in the exact run and in every
+    noise draw) is solved as the daemon's thread solves it, in wall-clock seconds, given the
+    scenario's solver limit on the bench's workers: that solve is the `solver` row, so the row
+    is the coordinator's own plan followed blindly. Later requests (re-plans) solve inline in
+    CP-SAT's deterministic time with the scaled budget (`coordinator_settings`). Every run of
+    the instance starts from the same state, so each request is solved once, not once a run.
+    """
+
+    def __init__(self, first_limit_s: float, workers: int) -> None:
+        self._first_limit_s = first_limit_s
+        self._workers = workers
         self._inline = InlineSolver()
-        self._memo = memo
+        self._memo: dict[tuple[Any, ...], SolveOutcome] = {}
         self._outcome: SolveOutcome | None = None
+        self.first: SolveOutcome | None = None
 
     def submit(self, request: SolveRequest) -> None:
         key = (
@@ -107,8 +116,16 @@ class _Remembering:
         )
         outcome = self._memo.get(key)
         if outcome is None:
-            self._inline.submit(request)
-            outcome = self._inline.poll()
+            if self.first is None:
+                outcome = run_request(
+                    replace(request, time_limit_s=self._first_limit_s),
+                    deterministic=False,
+                    workers=self._workers,
+                )
+                self.first = outcome
+            else:
+                self._inline.submit(request)
+                outcome = self._inline.poll()
             if outcome is not None:
                 self._memo[key] = outcome
         self._outcome = outcome
@@ -120,15 +137,24 @@ class _Remembering:
     def close(self) -> None:
         self._outcome = None
 
+    def solver_row(self, problem: Problem, hint: Schedule) -> SolveResult:
+        """The first solve's result; a solve of its own when the coordinator never asked (one
+        build). Raises SolverError without OR-Tools."""
+        if self.first is None:
+            return solve(problem, self._first_limit_s, workers=self._workers, hint=hint)
+        if self.first.result is None:
+            raise SolverError(self.first.error or "the solver gave no result")
+        return self.first.result
+
 
 def _coordinator(
     problem: Problem,
     settings: FollowSettings,
     factors: Mapping[Build, float] | None,
-    memo: dict[tuple[Any, ...], SolveOutcome],
+    solves: _Solves,
 ) -> tuple[Schedule, int]:
-    """The PlanFollower played out, its solver inline (deterministic): schedule and re-plans."""
-    coordinator = SimulatedCoordinator(problem, _Remembering(memo), settings)
+    """The PlanFollower played out, its solver inline: schedule and re-plans."""
+    coordinator = SimulatedCoordinator(problem, solves, settings)
     schedule = simulate(problem, coordinator, COORDINATOR, factors=factors, wake=coordinator.wake)
     return schedule, coordinator.follower.replans
 
@@ -139,7 +165,7 @@ def _noisy(
     solved: Schedule,
     settings: FollowSettings,
     seed: str,
-    memo: dict[tuple[Any, ...], SolveOutcome],
+    solves: _Solves,
 ) -> tuple[dict[str, float], int]:
     """One noise draw: every noisy strategy's makespan, and the coordinator's re-plans."""
     factors = noise_factors(problem, seed)
@@ -153,7 +179,7 @@ def _noisy(
     spans[DEFAULT_PLAN] = simulate(
         problem, follow(problem, plans["default"]), DEFAULT_PLAN, factors=factors
     ).makespan_s
-    coordinator, replans = _coordinator(problem, settings, factors, memo)
+    coordinator, replans = _coordinator(problem, settings, factors, solves)
     spans[COORDINATOR] = coordinator.makespan_s
     spans[SOLVER] = simulate(problem, follow(problem, solved), SOLVER, factors=factors).makespan_s
     return spans, replans
@@ -167,8 +193,8 @@ def run_instance(
     noise_seeds: Sequence[str],
     keep: bool = False,
 ) -> Outcome:
-    """Every strategy on one instance: online heuristics, the coordinator, the solver's plan,
-    the baselines; then, once per noise seed, the online strategies and the followed plans
+    """Every strategy on one instance: online heuristics, the coordinator, the solver's plan
+    (the coordinator's first solve, `_Solves`), the baselines; then, once per noise seed, the online strategies and the followed plans
     again with each build's duration off its estimate by seeded lognormal noise."""
     problem = instance.problem
     schedules: dict[str, Schedule] = {}
@@ -179,14 +205,9 @@ def run_instance(
     )
     plans = {name: plan(problem, name) for name in STRATEGIES}
     schedules[DEFAULT_PLAN] = simulate(problem, follow(problem, plans["default"]), DEFAULT_PLAN)
-    memo: dict[tuple[Any, ...], SolveOutcome] = {}
-    schedules[COORDINATOR], replans = _coordinator(problem, follow_settings, None, memo)
-    # Warm start: the shortest default run, static or online (replanning can beat the plan).
-    hint = min(
-        (schedules[k] for k in ("default", DEFAULT_LOCALITY, DEFAULT_PLAN)),
-        key=lambda s: s.makespan_s,
-    )
-    result = solve(problem, solver_limit_s, workers=workers, hint=hint)
+    solves = _Solves(solver_limit_s, workers)
+    schedules[COORDINATOR], replans = _coordinator(problem, follow_settings, None, solves)
+    result = solves.solver_row(problem, schedules[COORDINATOR])
     schedules[SOLVER] = simulate(problem, follow(problem, result.schedule), SOLVER)
     schedules[BUILDX_DEFAULT] = serial_plan(problem, instance.first_node, BUILDX_DEFAULT)
     singles = [serial_plan(problem, name, SINGLE_BEST) for name in problem.index.names]
@@ -195,7 +216,7 @@ def run_instance(
     noisy: dict[str, list[float]] = {k: [] for k in NOISY_STRATEGIES}
     noisy_replans = []
     for seed in noise_seeds:
-        spans, draw_replans = _noisy(problem, plans, result.schedule, follow_settings, seed, memo)
+        spans, draw_replans = _noisy(problem, plans, result.schedule, follow_settings, seed, solves)
         for k, v in spans.items():
             noisy[k].append(v)
         noisy_replans.append(draw_replans)

@@ -115,9 +115,11 @@ def run_bench(
 def _coordinator_doc() -> dict[str, Any]:
     daemon = FollowSettings()
     return {
-        "solver": "inline, deterministic time, 1 interleaved worker",
+        "first_solve": "the plan at time 0: the scenario's solver limit in wall-clock seconds "
+        "on the bench's workers; the solver row is this solve's plan followed blindly",
+        "solver": "re-plans: inline, deterministic time, 1 interleaved worker",
         "budget_share": COORDINATOR_BUDGET_SHARE,
-        "budget": "solver_budget_s(builds) x scenario solver limit / "
+        "budget": "re-plans: solver_budget_s(builds) x scenario solver limit / "
         f"{daemon.solver_time_limit_seconds:g} s x budget_share, in deterministic seconds",
         "daemon_settings": {
             "replan_drift_margin": daemon.replan_drift_margin,

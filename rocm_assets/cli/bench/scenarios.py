@@ -12,16 +12,18 @@ from rocm_assets.core.placement import CostModel, Problem
 from rocm_assets.core.placement.farm import FollowSettings
 
 TARGET_SOLVER_LIMIT_S = 10.0
-# The coordinator's solver budget in the bench: the daemon's budget function with its cap
-# (a minute) mapped to this share of the scenario's solver limit, in CP-SAT's deterministic
+# The coordinator's solver budget for re-plans in the bench (its first plan gets the
+# scenario's solver limit, `results._Solves`): the daemon's budget function with its cap (a
+# minute) mapped to this share of the scenario's solver limit, in CP-SAT's deterministic
 # seconds (so seeded runs reproduce; one is several wall seconds on this 2-core machine).
 COORDINATOR_BUDGET_SHARE = 0.25
-# Noisy runs per scenario at least (a scenario with fewer instances draws the noise again).
-NOISE_SAMPLES = 3
+# Noisy runs per scenario at least (a scenario with fewer instances draws the noise again):
+# a median of three draws of one instance was a coin toss between strategies.
+NOISE_SAMPLES = 6
 
 
 def coordinator_settings(solver_limit_s: float) -> FollowSettings:
-    """The daemon's follower settings with the solver's budget scaled to the scenario."""
+    """The daemon's follower settings with the re-plans' solver budget scaled to the scenario."""
     daemon = FollowSettings()
     return daemon.scaled(
         solver_limit_s / daemon.solver_time_limit_seconds * COORDINATOR_BUDGET_SHARE
