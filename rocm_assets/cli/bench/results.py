@@ -194,8 +194,9 @@ def run_instance(
     keep: bool = False,
 ) -> Outcome:
     """Every strategy on one instance: online heuristics, the coordinator, the solver's plan
-    (the coordinator's first solve, `_Solves`), the baselines; then, once per noise seed, the online strategies and the followed plans
-    again with each build's duration off its estimate by seeded lognormal noise."""
+    (the coordinator's first solve, `_Solves`), the baselines; then, once per noise seed, the
+    online strategies and the followed plans again with each build's duration off its estimate
+    by seeded lognormal noise."""
     problem = instance.problem
     schedules: dict[str, Schedule] = {}
     for strategy in ONLINE:
