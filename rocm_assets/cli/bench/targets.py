@@ -171,12 +171,8 @@ def coordinator_targets(
         if s["noisy_table"][COORDINATOR]["median_s"]
         <= min(row["median_s"] for row in s["noisy_table"].values()) * (1 + _REL_TOL)
     ]
-    not_beaten = {
-        k: v
-        for k, v in versus.items()
-        if v >= 1 - _REL_TOL and not (v <= 1 + _REL_TOL and k in unbeatable)
-    }
-    ties = sorted(k for k in unbeatable if k in versus and versus[k] >= 1 - _REL_TOL)
+    ties = sorted(k for k in unbeatable if versus[k] >= 1 - _REL_TOL)
+    not_beaten = {k: v for k, v in versus.items() if v >= 1 - _REL_TOL and k not in ties}
     report["coordinator_noisy_beats_solver"] = {
         "coordinator_over_solver_median": versus,
         "ties_with_nothing_shorter": ties,
