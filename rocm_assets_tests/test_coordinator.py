@@ -86,6 +86,7 @@ def test_the_shipped_settings_reach_the_placement_authority(path: str, fleet_fil
     assert set(follow) == {
         "replan_drift_margin",
         "replan_early_margin",
+        "fill_idle_nodes",
         "solver_min_seconds",
         "solver_seconds_per_build",
         "solver_time_limit_seconds",

@@ -18,9 +18,10 @@ import pytest
 from rocm_assets.core.placement import Build, CostModel, Problem, plan
 from rocm_assets.core.placement.bounds import validate_schedule
 from rocm_assets.core.placement.farm import FarmState, FollowSettings, Running, solver_budget_s
-from rocm_assets.core.placement.follow import PlanFollower, SimulatedCoordinator
-from rocm_assets.core.placement.problem import left_shift
-from rocm_assets.core.placement.robust import Spread, draws, mean_makespan, order_of
+from rocm_assets.core.placement.fill import best_move
+from rocm_assets.core.placement.follow import PlanFollower
+from rocm_assets.core.placement.problem import Run, left_shift
+from rocm_assets.core.placement.robust import Spread, draws, mean_makespan, order_of, retime
 from rocm_assets.core.placement.runners import (
     InlineSolver,
     SolveOutcome,
@@ -28,6 +29,7 @@ from rocm_assets.core.placement.runners import (
     ThreadSolver,
 )
 from rocm_assets.core.placement.simulate import SimulationError, noise_factors, simulate
+from rocm_assets.core.placement.simulated import SimulatedCoordinator
 from rocm_assets.core.solver import solve
 from rocm_assets_tests.helpers.placement import (
     FakeCost,
@@ -137,18 +139,71 @@ class FirstPlan:
 
 def test_a_followed_plan_on_exact_estimates_never_replans_and_keeps_its_makespan() -> None:
     rng = random.Random(7)
+    moved = 0
     for case in range(15):
         p = random_problem(rng)
         problem = Problem(p.builds, p.deps, p.nodes, p.cost)
-        coordinator = SimulatedCoordinator(problem, None)
-        first = FirstPlan(coordinator)
-        schedule = simulate(problem, first, "coordinator", wake=coordinator.wake)
-        assert coordinator.follower.replans == 1, case
-        assert schedule.makespan_s == pytest.approx(first.makespan_s), case
-        by_node: dict[str, list[Build]] = {}
-        for a in schedule.assignments:
-            by_node.setdefault(a.node, []).append(a.build)
-        assert by_node == first.queues, case
+        for fill in (False, True):
+            coordinator = SimulatedCoordinator(problem, None, FollowSettings(fill_idle_nodes=fill))
+            first = FirstPlan(coordinator)
+            schedule = simulate(problem, first, "coordinator", wake=coordinator.wake)
+            assert coordinator.follower.replans == 1, case
+            by_node: dict[str, list[Build]] = {}
+            for a in schedule.assignments:
+                by_node.setdefault(a.node, []).append(a.build)
+            if fill:
+                # A move onto an idle node never lengthens the plan.
+                assert schedule.makespan_s <= first.makespan_s + 1e-6, case
+                moved += by_node != first.queues
+            else:
+                assert schedule.makespan_s == pytest.approx(first.makespan_s), case
+                assert by_node == first.queues, case
+    # The heuristics' plans leave nodes idle that a ready build could use at no cost.
+    assert moved > 0
+
+
+def test_a_ready_build_moves_onto_an_idle_node_only_when_the_plan_gains() -> None:
+    ix = Problem((A, B, C), chain(), (N1, N2), COST).index
+    avail0 = [0.0, 0.0]
+    # n1 builds a then c; n2 waits for a before b: n2 idles for a's 100 s while c is ready.
+    slots = {A: ("n1", 0.0, 100.0), C: ("n1", 100.0, 200.0), B: ("n2", 100.0, 200.0)}
+    current = retime(ix, avail0, slots)
+    assert current is not None
+
+    def makespan(run: Run) -> float:
+        return round(run.makespan, 6)
+
+    run = best_move(ix, avail0, slots, ["n2"], [C], makespan)
+    assert run is not None
+    c, b = ix.pos[C], ix.pos[B]
+    # c first on n2, done at 100 instead of 200; b still ends when it did.
+    assert ix.names[run.node_of[c]] == "n2" and run.end[c] == pytest.approx(100, abs=1)
+    assert run.end[b] == pytest.approx(current.end[b]) and run.makespan <= current.makespan
+    # On a node four times slower, c would end past the plan's finish: no move.
+    slow = FakeNode("n2", cores=2, mem_gb=4.0)
+    ix_slow = Problem((A, B, C), chain(), (N1, slow), CostModel(FakeFleet((N1, slow), COSTS))).index
+    assert best_move(ix_slow, avail0, slots, ["n2"], [C], makespan) is None
+    # Nothing to gain when the idle node is the build's own.
+    assert best_move(ix, avail0, slots, ["n1"], [C], makespan) is None
+
+
+def test_the_follower_fills_an_idle_node_and_follows_the_moved_plan() -> None:
+    # Found by search over seeded noisy runs: the same run with and without the move.
+    rng = random.Random(11)
+    differ = 0
+    for case in range(12):
+        p = random_problem(rng)
+        problem = Problem(p.builds, p.deps, p.nodes, p.cost)
+        factors = noise_factors(problem, f"fill#{case}")
+        out = {}
+        for fill in (False, True):
+            coordinator = SimulatedCoordinator(problem, None, FollowSettings(fill_idle_nodes=fill))
+            # simulate validates every schedule: deps before dependents, one build per node.
+            out[fill] = simulate(
+                problem, coordinator, "coordinator", factors=factors, wake=coordinator.wake
+            )
+        differ += out[True].assignments != out[False].assignments
+    assert differ > 0
 
 
 def test_a_new_request_replans() -> None:

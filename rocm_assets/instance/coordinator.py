@@ -85,6 +85,7 @@ class PlacementRunCoordinator(dg.QueuedRunCoordinator):
         strategy: str = COORDINATOR_STRATEGY,
         replan_drift_margin: float = _FOLLOW.replan_drift_margin,
         replan_early_margin: float | None = _FOLLOW.replan_early_margin,
+        fill_idle_nodes: bool = _FOLLOW.fill_idle_nodes,
         solver: bool = _PLACER.solver,
         solver_min_seconds: float = _FOLLOW.solver_min_seconds,
         solver_seconds_per_build: float = _FOLLOW.solver_seconds_per_build,
@@ -109,6 +110,7 @@ class PlacementRunCoordinator(dg.QueuedRunCoordinator):
             follow=FollowSettings(
                 replan_drift_margin=replan_drift_margin,
                 replan_early_margin=replan_early_margin,
+                fill_idle_nodes=fill_idle_nodes,
                 solver_min_seconds=solver_min_seconds,
                 solver_seconds_per_build=solver_seconds_per_build,
                 solver_time_limit_seconds=solver_time_limit_seconds,
@@ -152,6 +154,12 @@ class PlacementRunCoordinator(dg.QueuedRunCoordinator):
                 default_value=_FOLLOW.replan_early_margin,
                 description="Re-plan when a build ends this share of its estimate early (its "
                 "machine is free sooner than planned); null: never.",
+            ),
+            "fill_idle_nodes": dg.Field(
+                bool,
+                default_value=_FOLLOW.fill_idle_nodes,
+                description="When a machine is free and its next planned build cannot start yet, "
+                "move a ready build planned elsewhere onto it if the plan finishes no later.",
             ),
             "solver": dg.Field(
                 bool,

@@ -8,12 +8,10 @@ from typing import Any
 from rocm_assets.cli.bench.scenarios import Instance, Scenario
 from rocm_assets.core.placement import STRATEGIES, Build, Problem, Schedule, plan
 from rocm_assets.core.placement.farm import FollowSettings
-from rocm_assets.core.placement.follow import (
-    COORDINATOR_STRATEGY as COORDINATOR,
-    SimulatedCoordinator,
-)
+from rocm_assets.core.placement.follow import COORDINATOR_STRATEGY as COORDINATOR
 from rocm_assets.core.placement.runners import InlineSolver, SolveOutcome, SolveRequest, run_request
 from rocm_assets.core.placement.simulate import follow, noise_factors, online, serial_plan, simulate
+from rocm_assets.core.placement.simulated import SimulatedCoordinator
 from rocm_assets.core.solver import SolverError, SolveResult, solve
 
 ONLINE = ("greedy", "critical-path", "peft", "default")

@@ -124,6 +124,7 @@ def _coordinator_doc() -> dict[str, Any]:
         "daemon_settings": {
             "replan_drift_margin": daemon.replan_drift_margin,
             "replan_early_margin": daemon.replan_early_margin,
+            "fill_idle_nodes": daemon.fill_idle_nodes,
             "solver_min_seconds": daemon.solver_min_seconds,
             "solver_seconds_per_build": daemon.solver_seconds_per_build,
             "solver_time_limit_seconds": daemon.solver_time_limit_seconds,

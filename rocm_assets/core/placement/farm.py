@@ -52,9 +52,12 @@ class FollowSettings:
     solver_min_seconds, solver_seconds_per_build, solver_time_limit_seconds: the solver's budget
         for a re-plan of n builds, min(limit, max(min, per_build * n)) (`solver_budget_s`).
     solver_max_builds: above this many builds the heuristics' plan stands alone (the CP-SAT
-        model grows with builds x nodes), and plans compare by makespan alone.
+        model grows with builds x nodes), plans compare by makespan alone and no idle node is
+        filled (a check re-times the plan once per candidate move).
     robust_samples: once builds are seen to stray from their estimates, plans compare by their
         mean makespan over this many draws of that spread (`robust`); 0: by makespan alone.
+    fill_idle_nodes: when a node is free and its next planned build cannot start, move a ready
+        build planned on another node onto it if the plan, re-timed, gains by it (`fill`).
     """
 
     replan_drift_margin: float = 0.25
@@ -64,6 +67,7 @@ class FollowSettings:
     solver_time_limit_seconds: float = 60.0
     solver_max_builds: int = 300
     robust_samples: int = 16
+    fill_idle_nodes: bool = True
 
     def scaled(self, factor: float) -> "FollowSettings":
         """The same settings with every solver budget figure times `factor` (the bench's)."""
@@ -75,6 +79,7 @@ class FollowSettings:
             solver_time_limit_seconds=self.solver_time_limit_seconds * factor,
             solver_max_builds=self.solver_max_builds,
             robust_samples=self.robust_samples,
+            fill_idle_nodes=self.fill_idle_nodes,
         )
 
 

@@ -41,6 +41,7 @@ from rocm_assets.core.placement.farm import (
     Running,
     solver_budget_s,
 )
+from rocm_assets.core.placement.fill import best_move
 from rocm_assets.core.placement.heuristics import HEURISTICS
 from rocm_assets.core.placement.online import Decision, Start, Waiting
 from rocm_assets.core.placement.problem import (
@@ -127,6 +128,8 @@ class PlanFollower:
         self._waiting: dict[Build, Waiting] = {}
         self._last_pending: set[Build] = set()
         self._last_running: dict[Build, Running] = {}
+        # What the last idle-node check saw: it runs again only when this changes.
+        self._fill_seen: tuple[int, frozenset[Build], frozenset[Build]] | None = None
 
     # ---- the tick ----
     def tick(self, state: FarmState) -> Decision:
@@ -134,6 +137,8 @@ class PlanFollower:
         if why is not None:
             self._replan(state, why)
         self._take_solver_result(state)
+        if self.settings.fill_idle_nodes:
+            self._fill_idle(state)
         decision = self._follow(state)
         for b in self._finished(state):
             r = self._last_running[b]
@@ -472,6 +477,47 @@ class PlanFollower:
         else:
             self._solver_status = f"kept {self._label}: {gap}, nothing shorter"
 
+    def _fill_idle(self, s: FarmState) -> None:
+        """Move a ready build onto a node left idle now, when the plan gains by it (`fill`)."""
+        # Above solver_max_builds a check would cost a re-plan's time at every change.
+        if len(self._queued) > self.settings.solver_max_builds:
+            return
+        now, pending, running = s.now_s, s.pending, s.running
+        seen = (self._generation, frozenset(pending), frozenset(running))
+        if seen == self._fill_seen:
+            return
+        self._fill_seen = seen
+        held = {r.node for r in running.values()}
+        held.update(node for node, t in s.busy.items() if t > now + EPS)
+        todo = [b for b in self._queued if b in pending and b not in running]
+        idle, starting = [], set()
+        for node in sorted(self._node_names - held):
+            head = next(
+                (b for b in self._queues.get(node, ()) if b in pending and b not in running), None
+            )
+            if head is not None and self._ready(head, s):
+                starting.add(head)
+            else:
+                idle.append(node)
+        ready = sorted(
+            (b for b in todo if b not in starting and self._ready(b, s)),
+            key=lambda b: (self._slots[b].start_s, build_key(b)),
+        )
+        if not idle or not ready:
+            return
+        try:
+            problem, busy_until = self._problem(s, tuple(todo))
+            ix = problem.index
+        except PlacementError:
+            return
+        avail0 = ix.avail(busy_until)
+        run = best_move(ix, avail0, self._slots, idle, ready, self._scorer(ix, avail0))
+        if run is not None:
+            self._set_plan(ix, avail0, run, self._label, now)
+            self._moved = False
+            self._waiting = {b: self._why(b, s) for b in pending}
+            self._fill_seen = (self._generation, *seen[1:])
+
     # ---- following ----
     def _follow(self, s: FarmState) -> Decision:
         now, pending, running = s.now_s, s.pending, s.running
@@ -541,43 +587,3 @@ class PlanFollower:
             else:
                 reason = f"planned on {slot.node} after {prev}"
         return Waiting(reason, deps=unfinished, node=slot.node, est_start_s=slot.start_s)
-
-
-class SimulatedCoordinator:
-    """The run coordinator's placement as a policy of `simulate.simulate`: a PlanFollower ticked
-    at every event with the state the coordinator passes it (pending builds and their deps,
-    running builds with estimated ends, the node each finished build is on). Use as
-    `simulate(problem, c, label, wake=c.wake)`, so drift is seen when it happens, as the
-    daemon's frequent ticks see it."""
-
-    def __init__(
-        self,
-        problem: Problem,
-        runner: SolverRunner | None,
-        settings: FollowSettings | None = None,
-    ) -> None:
-        self.problem = problem
-        self.follower = PlanFollower(runner, settings)
-        self._nodes = list(problem.nodes)
-
-    def __call__(
-        self,
-        now: float,
-        pending: set[Build],
-        running: dict[Build, Running],
-        pushed: dict[Build, str],
-    ) -> list[tuple[Build, str]]:
-        empty: frozenset[Build] = frozenset()
-        deps = self.problem.deps
-        state = FarmState(
-            now_s=now,
-            pending={b: deps.get(b, empty) for b in pending},
-            running=dict(running),
-            nodes=self._nodes,
-            cost=self.problem.cost,
-            built_on=dict(pushed),
-        )
-        return [(s.build, s.node) for s in self.follower.tick(state).starts]
-
-    def wake(self) -> float | None:
-        return self.follower.next_check_s()
