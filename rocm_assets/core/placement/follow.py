@@ -24,6 +24,10 @@ grows with the builds at stake (`solver_budget_s`). The tick never waits for the
 result for the current plan generation arrives and is shorter, the follower switches to it; a
 result for an older generation is dropped.
 
+Between re-plans, a node that is free while its next planned build waits for an input may take
+a ready build planned on another node, when the plan re-timed with that move scores better
+(`fill_idle_nodes`, `fill.best_move`).
+
 Times are on the caller's clock (`now_s`, absolute seconds); a plan's times are its estimates.
 """
 
@@ -516,7 +520,6 @@ class PlanFollower:
             self._set_plan(ix, avail0, run, self._label, now)
             self._moved = False
             self._waiting = {b: self._why(b, s) for b in pending}
-            self._fill_seen = (self._generation, *seen[1:])
 
     # ---- following ----
     def _follow(self, s: FarmState) -> Decision:
