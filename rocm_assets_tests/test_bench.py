@@ -14,6 +14,7 @@ import json
 import os
 import random
 import shutil
+import statistics
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -129,6 +130,7 @@ def test_run_instance_covers_every_strategy_and_the_baselines() -> None:
 
 
 def _noisy_summary(name: str, coordinator: float, solver: float, others: float) -> dict[str, Any]:
+    """One noisy run per strategy with these makespans: run by run is the ratio of the two."""
     medians = dict.fromkeys(results.NOISY_STRATEGIES, others)
     medians.update({results.COORDINATOR: coordinator, results.SOLVER: solver})
     exact = {results.COORDINATOR: {"median_s": 1.0}, results.SOLVER: {"median_s": 1.0}}
@@ -136,7 +138,42 @@ def _noisy_summary(name: str, coordinator: float, solver: float, others: float) 
         "name": name,
         "table": exact,
         "noisy_table": {k: {"median_s": v} for k, v in medians.items()},
+        "noisy_paired": results.paired([{k: [v] for k, v in medians.items()}]),
     }
+
+
+def test_noisy_runs_are_compared_run_by_run_not_by_the_medians_of_different_instances() -> None:
+    # Three instances of very different sizes, one draw each. The coordinator is shorter on two
+    # and longer on the small one, which is where its middle run lands: the table's medians
+    # say it is longer, run by run it is shorter.
+    rival = "default-locality"
+    family = [
+        {results.COORDINATOR: [99.0], rival: [100.0]},
+        {results.COORDINATOR: [110.0], rival: [50.0]},
+        {results.COORDINATOR: [290.0], rival: [300.0]},
+    ]
+    pairs = results.paired(family)
+    assert pairs == {rival: {"median_ratio": 0.99, "shorter": 2, "longer": 1}}
+    assert statistics.median([110.0, 99.0, 290.0]) > statistics.median([100.0, 50.0, 300.0])
+    summary = _noisy_summary("family", 90.0, 100.0, 95.0)
+    summary["noisy_paired"].update(pairs)
+    for strategy, row in summary["noisy_table"].items():
+        row["median_s"] = 110.0 if strategy == results.COORDINATOR else 100.0
+    report = targets.coordinator_targets([summary], {})["coordinator_noisy_best_online"]
+    assert report["met"] is True
+    row = report["per_scenario"]["family"]
+    assert (row["closest"], row["median_ratio"], row["table_medians_ratio"]) == (rival, 0.99, 1.1)
+    assert report["figure"].endswith(
+        "family: 0.9900x default-locality run by run (shorter in 2 runs, longer in 1)"
+    )
+
+
+def test_noisy_best_online_names_each_scenario_lost_run_by_run() -> None:
+    summaries = [_noisy_summary("a", 90.0, 100.0, 95.0), _noisy_summary("b", 101.0, 110.0, 100.0)]
+    report = targets.coordinator_targets(summaries, {})["coordinator_noisy_best_online"]
+    assert report["met"] is False
+    assert report["figure"].startswith("b: 1.0100x ")
+    assert "a:" not in report["figure"]
 
 
 @pytest.mark.parametrize(
@@ -243,6 +280,11 @@ def test_bench_json_schema(quick_bench: tuple[dict[str, Any], Path, str, int]) -
         assert set(s["noisy_table"]) == set(results.NOISY_STRATEGIES), s["name"]
         assert all(set(row) == noisy_stats for row in s["noisy_table"].values()), s["name"]
         assert s["noisy_table"]["greedy"]["median_ratio_greedy"] == 1.0
+        # Run by run against every other noisy strategy, each run counted once.
+        paired = s["noisy_paired"]
+        assert set(paired) == set(results.NOISY_STRATEGIES) - {"coordinator"}, s["name"]
+        runs = s["coordinator"]["noisy_samples"]
+        assert all(p["shorter"] + p["longer"] <= runs for p in paired.values()), s["name"]
         assert len(s["outcomes"]) == s["instances"]
         for o in s["outcomes"]:
             assert o["bound_s"] >= o["lower_bound_s"]

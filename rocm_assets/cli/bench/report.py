@@ -8,7 +8,16 @@ from rocm_assets.core.timefmt import duration
 
 _COLUMNS = ("median", "worst", "x LB med", "x LB worst", "x greedy med", "x greedy worst")
 # With noise the bounds (of the estimates) do not hold: ratios to noisy greedy only.
-_NOISY_COLUMNS = ("median", "worst", "x greedy med", "x greedy worst", "x greedy best")
+# The last: the coordinator's makespan over the row's, run by run (same instance and draw):
+# median (runs where the coordinator was shorter, longer).
+_NOISY_COLUMNS = (
+    "median",
+    "worst",
+    "x greedy med",
+    "x greedy worst",
+    "x greedy best",
+    "coord/it by run",
+)
 
 
 def _rows(summary: Mapping[str, Any]) -> list[tuple[str, ...]]:
@@ -28,6 +37,11 @@ def _rows(summary: Mapping[str, Any]) -> list[tuple[str, ...]]:
     return rows
 
 
+def _paired(summary: Mapping[str, Any], strategy: str) -> str:
+    p = summary["noisy_paired"].get(strategy)
+    return f"{p['median_ratio']:.3f} ({p['shorter']},{p['longer']})" if p else "-"
+
+
 def _noisy_rows(summary: Mapping[str, Any]) -> list[tuple[str, ...]]:
     return [
         (
@@ -37,6 +51,7 @@ def _noisy_rows(summary: Mapping[str, Any]) -> list[tuple[str, ...]]:
             f"{t['median_ratio_greedy']:.3f}",
             f"{t['worst_ratio_greedy']:.3f}",
             f"{t['best_ratio_greedy']:.3f}",
+            _paired(summary, strategy),
         )
         for strategy, t in summary["noisy_table"].items()
     ]
@@ -57,12 +72,12 @@ def _heading(summary: Mapping[str, Any]) -> str:
 
 
 _WIDTHS = (18, 11, 11, 10, 12, 14, 16)
+_NOISY_WIDTHS = (18, 11, 11, 14, 16, 15, 17)
 
 
-def _line(cells: Sequence[str]) -> str:
+def _line(cells: Sequence[str], widths: Sequence[int] = _WIDTHS) -> str:
     return "  " + "".join(
-        c.rjust(w) if k else c.ljust(w)
-        for k, (c, w) in enumerate(zip(cells, _WIDTHS, strict=False))
+        c.rjust(w) if k else c.ljust(w) for k, (c, w) in enumerate(zip(cells, widths, strict=True))
     )
 
 
@@ -82,8 +97,8 @@ def text_report(doc: Mapping[str, Any]) -> str:
         lines.append(_line(("strategy", *_COLUMNS)))
         lines.extend(_line(row) for row in _rows(summary))
         lines.append(_noisy_heading(summary))
-        lines.append(_line(("strategy", *_NOISY_COLUMNS)))
-        lines.extend(_line(row) for row in _noisy_rows(summary))
+        lines.append(_line(("strategy", *_NOISY_COLUMNS), _NOISY_WIDTHS))
+        lines.extend(_line(row, _NOISY_WIDTHS) for row in _noisy_rows(summary))
         lines.append("")
     lines.append("targets:")
     for name, value in doc["targets"].items():
