@@ -139,21 +139,17 @@ def coordinator_targets(
     }
     # With noise, run by run (`results.paired`): the tables' medians of a family of different
     # instances compare different instances.
+    others = [k for k in ONLINE_STRATEGIES if k != COORDINATOR]
     closest: dict[str, Any] = {}
     for s in summaries:
         pairs = s["noisy_paired"]
-        rival = max(
-            (k for k in ONLINE_STRATEGIES if k != COORDINATOR),
-            key=lambda k: pairs[k]["median_ratio"],
-        )
+        rival = max(others, key=lambda k: pairs[k]["median_ratio"])
         noisy = s["noisy_table"]
         closest[s["name"]] = {
             "closest": rival,
             **pairs[rival],
             "table_medians_ratio": round(
-                noisy[COORDINATOR]["median_s"]
-                / min(noisy[k]["median_s"] for k in ONLINE_STRATEGIES if k != COORDINATOR),
-                4,
+                noisy[COORDINATOR]["median_s"] / min(noisy[k]["median_s"] for k in others), 4
             ),
         }
 
