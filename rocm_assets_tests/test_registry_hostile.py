@@ -334,6 +334,9 @@ ECHOES = {
         headers=(("WWW-Authenticate", 'Bearer realm="http://127.0.0.1:{port}/t?{password}"'),),
     ),
     "token": Scripted(status=401, headers=(("WWW-Authenticate", 'Bearer realm="{auth}"'),)),
+    # A body past its Content-Length is read as the start of the next reply on that connection:
+    # h11 quotes the whole status line, reason phrase and all, in the error the client retries.
+    "status-line": Scripted(status=500, reason="Nope {password}", body=b"{}", content_length=0),
 }
 
 

@@ -5,7 +5,8 @@ overall deadline the transport enforces on every socket operation (`deadline_htt
 anything unforeseen into a `RegistryError`. `exchange` sends one request, follows redirects by
 hand (hops capped, a loop named as one, credentials never forwarded to another origin), and reads
 the body up to a size cap. Every error goes through `error`, which removes the registry password,
-its encodings and the bearer tokens from the message, whatever a server echoed back.
+its encodings and the bearer tokens from the message, whatever a server echoed back; `operation`
+removes them from the exceptions an error leaving it carries as its cause or context.
 """
 
 import ssl
@@ -93,9 +94,11 @@ class RegistryHttp:
         self._deadline.at = time.monotonic() + self.deadline
         try:
             yield
-        except RegistryError:
+        except RegistryError as exc:
+            self._scrub_chain(exc)
             raise
         except Exception as exc:
+            self._scrub_chain(exc)
             # The boundary: a library surprise or a bug is still one line naming the registry.
             raise self.error(
                 f"{what} failed unexpectedly: {type(exc).__name__}: {self.clip(str(exc))}"
@@ -281,6 +284,17 @@ class RegistryHttp:
             text = text.replace(secret, "***")
         return text
 
+    def _scrub_chain(self, exc: BaseException) -> None:
+        """Scrub the secrets from the messages of `exc` and of what it was raised from or while
+        handling, in place: an error raised in an `except` keeps that exception as `__context__`
+        even `from None` (a reason phrase echoing the password reached h11's "illegal status
+        line" that way)."""
+        for current in _chain(exc):
+            current.args = tuple(self.scrub(a) if isinstance(a, str) else a for a in current.args)
+            if isinstance(current, OSError) and isinstance(current.strerror, str):
+                # OSError's message is its strerror, set from the args when it was made.
+                current.strerror = self.scrub(current.strerror)
+
     def _leaks(self, text: str) -> bool:
         return any(secret in text for secret in self._secrets)
 
@@ -345,15 +359,18 @@ def tls_failure(exc: BaseException) -> str | None:
     return None
 
 
-def _chain_text(exc: BaseException) -> str:
-    parts = []
+def _chain(exc: BaseException) -> Iterator[BaseException]:
+    """`exc` and what it was raised from or while handling, each once."""
     seen: set[int] = set()
     current: BaseException | None = exc
     while current is not None and id(current) not in seen:
         seen.add(id(current))
-        parts.append(f"{current!s} {current.args!r}")
+        yield current
         current = current.__cause__ or current.__context__
-    return " ".join(parts)
+
+
+def _chain_text(exc: BaseException) -> str:
+    return " ".join(f"{current!s} {current.args!r}" for current in _chain(exc))
 
 
 def _origin(url: httpx.URL) -> tuple[str, str, int | None]:
