@@ -8,55 +8,59 @@
 #
 # Env-only settings (bake reads them from the environment, so `VAR=x make ...`, not `make ... VAR=x`):
 # PUBLISHED_INPUTS, GPU_ARCH, REGISTRY, RUN_ID, CACHE_TAG_SUFFIX, SCCACHE_LOG, MAX_JOBS, SDE_*.
+#
+# Written for every buildx people have: Debian 13's 0.13 rejects a variable's `description` and
+# `validation`, so descriptions are comments and the arch check is not here. rocm-assets adds it
+# where buildx has validation (0.19 and later): rocm_assets/core/bake/arch_check.hcl, passed as a
+# second `-f`. On older buildx rocm-assets checks GPU_ARCH itself.
 
 # ---------------------------------------------------------------------------------------------
 # The GPU arches the farm builds: one build per arch, and one Dagster partition per entry.
 # Add an arch here and it becomes a partition that can be backfilled, with no code change.
-GPU_ARCHES = ["gfx942", "gfx950", "gfx1100", "gfx1201", "gfx1250"]
+# A variable, not a top-level attribute: bake's validation sees variables only.
+variable "GPU_ARCHES" {
+  default = ["gfx942", "gfx950", "gfx1100", "gfx1201", "gfx1250"]
+}
 
+# The one GPU arch this invocation builds for: one of GPU_ARCHES.
 variable "GPU_ARCH" {
-  description = "The one GPU arch this invocation builds for."
-  default     = "gfx942"
-  validation {
-    condition     = contains(GPU_ARCHES, GPU_ARCH)
-    error_message = "GPU_ARCH must be one of GPU_ARCHES."
-  }
+  default = "gfx942"
 }
 
+# Registry host (and port) every image is pushed to and read from.
 variable "REGISTRY" {
-  description = "Registry host (and port) every image is pushed to and read from."
-  default     = "zot.snoc.lan:5000"
+  default = "zot.snoc.lan:5000"
 }
 
+# Repository namespace under REGISTRY.
 variable "NAMESPACE" {
-  description = "Repository namespace under REGISTRY."
-  default     = "rocm-pytorch"
+  default = "rocm-pytorch"
 }
 
 # A bool default makes env PUBLISHED_INPUTS=1 parse as true (bake's strconv.ParseBool).
+# 1: take every sibling input from the registry (cross-node scheduling); 0: build in-process.
 variable "PUBLISHED_INPUTS" {
-  description = "1: take every sibling input from the registry (cross-node scheduling); 0: build in-process."
-  default     = false
+  default = false
 }
 
+# Stamped into each BuildKit history record name.
 variable "RUN_ID" {
-  description = "Stamped into each BuildKit history record name."
-  default     = "dev"
+  default = "dev"
 }
 
+# Appended to registry cache tags, to keep an experiment's cache apart.
 variable "CACHE_TAG_SUFFIX" {
-  description = "Appended to registry cache tags, to keep an experiment's cache apart."
-  default     = ""
+  default = ""
 }
 
+# sccache log level inside compile steps (empty: off).
 variable "SCCACHE_LOG" {
-  description = "sccache log level inside compile steps (empty: off)."
-  default     = ""
+  default = ""
 }
 
+# Compile jobs; empty lets the build derive it from MemAvailable at 2 GB per job.
 variable "MAX_JOBS" {
-  description = "Compile jobs; empty lets the build derive it from MemAvailable at 2 GB per job."
-  default     = ""
+  default = ""
 }
 
 # SDE_*: source, dependency and environment pins, overridable from env one at a time.

@@ -13,14 +13,12 @@
 # Paths are relative to the directory bake runs in, as in real bake: the farm runs it from here.
 
 # Two arches: two partitions, and a backfill of both shows two builds of each per-arch target.
-GPU_ARCHES = ["gfx942", "gfx1100"]
+variable "GPU_ARCHES" {
+  default = ["gfx942", "gfx1100"]
+}
 
 variable "GPU_ARCH" {
   default = "gfx942"
-  validation {
-    condition     = contains(GPU_ARCHES, GPU_ARCH)
-    error_message = "GPU_ARCH must be one of GPU_ARCHES."
-  }
 }
 
 # `make demo` points it at its local registry.
