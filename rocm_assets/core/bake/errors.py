@@ -23,6 +23,20 @@ class BakeError(Exception):
         super().__init__(f"{where}{message}")
 
 
+class NeedsBuildx(BakeError):
+    """A construct the builtin resolver does not read exactly as bake would: it refuses rather
+    than guess. `construct` names it; the message says buildx is needed for it."""
+
+    def __init__(self, construct: str, *, path: Path | str | None = None, line: int | None = None):
+        self.construct = construct
+        super().__init__(
+            f"{construct}: the builtin resolver cannot read this as bake does; "
+            "install docker buildx to resolve this file",
+            path=path,
+            line=line,
+        )
+
+
 class BakeLimitError(BakeError):
     """A file that asks for more work than the evaluator allows; `try()` does not swallow it."""
 

@@ -6,19 +6,19 @@ Which targets are per-arch follows from whether their tags change with the arch 
 """
 
 import os
-import re
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
 from typing import Any
 
-from rocm_assets.core.bake import blocks
 from rocm_assets.core.bake.errors import BakeError, boundary
 from rocm_assets.core.bake.evaluate import Evaluation
-from rocm_assets.core.bake.limits import MAX_ARCHES, MAX_DEPTH, Budget, quote
+from rocm_assets.core.bake.limits import MAX_ARCHES, Budget, quote
 from rocm_assets.core.bake.names import arch_problem, dagster_problems
 from rocm_assets.core.bake.parse import BakeFile, line_of, load_bake
+from rocm_assets.core.bake.resolvers import Resolver, choose
+from rocm_assets.core.bake.targets import ResolvedBake, Target
 from rocm_assets.core.bake.values import to_string
 from rocm_assets.core.constants import (
     ARCH_LIST_ATTR,
@@ -26,177 +26,6 @@ from rocm_assets.core.constants import (
     PUBLISHED_INPUTS_VAR,
     TEST_TARGETS_ATTR,
 )
-
-TARGET_PREFIX = "target:"
-IMAGE_PREFIX = "docker-image://"
-# An image reference as Docker's reference grammar reads it: [host[:port]/]path[:tag][@digest],
-# path components lower case. A tag bake would refuse (e.g. `reg/app:` from an empty variable)
-# is refused here, with its target and line, before any build or registry lookup uses it.
-_REFERENCE = re.compile(
-    r"(?:(?:[a-zA-Z0-9.-]+|\[[0-9a-fA-F:.]+\])(?::[0-9]+)?/)?"
-    r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*(?:/[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*)*"
-    r"(?::[A-Za-z0-9_][A-Za-z0-9_.-]{0,127})?(?:@sha256:[a-f0-9]{64})?"
-)
-
-
-def _strings(value: Any, what: str, ev: Evaluation, line: int) -> tuple[str, ...]:
-    if value is None:
-        return ()
-    if not isinstance(value, list):
-        raise ev.error(f"{what} must be a list", line=line)
-    try:
-        return tuple(to_string(v) for v in value)
-    except ValueError as exc:
-        raise ev.error(f"{what}: {exc}", line=line) from None
-
-
-def _string_map(value: Any, what: str, ev: Evaluation, line: int) -> dict[str, str]:
-    if value is None:
-        return {}
-    if not isinstance(value, dict):
-        raise ev.error(f"{what} must be an object", line=line)
-    try:
-        # Bake drops null args so the Dockerfile's own default applies.
-        return {k: to_string(v) for k, v in value.items() if v is not None}
-    except ValueError as exc:
-        raise ev.error(f"{what}: {exc}", line=line) from None
-
-
-def _string(value: Any, what: str, ev: Evaluation, line: int) -> str:
-    try:
-        return to_string(value)
-    except ValueError as exc:
-        raise ev.error(f"{what}: {exc}", line=line) from None
-
-
-def _tags(value: Any, what: str, ev: Evaluation, line: int) -> tuple[str, ...]:
-    tags = _strings(value, what, ev, line)
-    for tag in tags:
-        if not _REFERENCE.fullmatch(tag) or len(tag) > 255:
-            raise ev.error(f"{what}: {quote(tag)} is not a valid image reference", line=line)
-    return tags
-
-
-@dataclass(frozen=True, slots=True)
-class Target:
-    """One bake target after evaluation and `inherits`."""
-
-    name: str
-    line: int
-    dockerfile: str
-    context: str
-    tags: tuple[str, ...]
-    args: Mapping[str, str]
-    contexts: Mapping[str, str]
-    platforms: tuple[str, ...] = ()
-    stage: str | None = None
-    description: str = ""
-    labels: Mapping[str, str] = field(default_factory=dict)
-    cache_from: tuple[str, ...] = ()
-    cache_to: tuple[str, ...] = ()
-
-    @property
-    def target_links(self) -> dict[str, str]:
-        """Named contexts that link another bake target: context name -> target name."""
-        return {
-            k: v.removeprefix(TARGET_PREFIX)
-            for k, v in self.contexts.items()
-            if v.startswith(TARGET_PREFIX)
-        }
-
-    @property
-    def image_contexts(self) -> dict[str, str]:
-        """Named contexts resolved from a registry: context name -> image reference."""
-        return {
-            k: v.removeprefix(IMAGE_PREFIX)
-            for k, v in self.contexts.items()
-            if v.startswith(IMAGE_PREFIX)
-        }
-
-
-@dataclass(frozen=True)
-class ResolvedBake:
-    """Every target and group of a bake file for one environment."""
-
-    path: Path
-    env: Mapping[str, str]
-    values: Mapping[str, Any]
-    targets: Mapping[str, Target]
-    groups: Mapping[str, tuple[str, ...]]
-    group_lines: Mapping[str, int] = field(default_factory=dict)
-
-    def expand(self, names: Iterable[str]) -> tuple[str, ...]:
-        """Group and target names to target names, in first-seen order; groups win, as in bake."""
-        out: dict[str, None] = {}
-
-        def visit(name: str, chain: tuple[str, ...]) -> None:
-            if name in chain:
-                raise BakeError(f"group cycle: {' -> '.join([*chain, name])}", path=self.path)
-            if len(chain) > MAX_DEPTH:
-                raise BakeError(
-                    f"groups nest deeper than the limit of {MAX_DEPTH}",
-                    path=self.path,
-                    line=self.group_lines.get(chain[0]),
-                )
-            if name in self.groups:
-                for member in self.groups[name]:
-                    visit(member, (*chain, name))
-            elif name in self.targets:
-                out[name] = None
-            else:
-                where = f" (in group {quote(chain[-1])})" if chain else ""
-                raise BakeError(
-                    f"no target or group named {quote(name)}{where}",
-                    path=self.path,
-                    line=self.group_lines.get(chain[-1]) if chain else None,
-                )
-
-        for name in names:
-            visit(name, ())
-        return tuple(out)
-
-    def tag_owner(self, ref: str) -> str | None:
-        return next((t.name for t in self.targets.values() if ref in t.tags), None)
-
-
-def resolve(bake: BakeFile, env: Mapping[str, str], budget: Budget | None = None) -> ResolvedBake:
-    """Evaluate a parsed bake file under `env` into targets and groups.
-
-    `budget` bounds the work; a graph shares one across its evaluations.
-    """
-    with boundary(bake.path):
-        return _resolve(Evaluation(bake, dict(env), budget))
-
-
-def _resolve(ev: Evaluation) -> ResolvedBake:
-    values = {name: ev.value(name) for name in ev.names()}
-    ev.validate()
-    targets: dict[str, Target] = {}
-    for name, parts in ev.expansion.targets.items():
-        line = parts[0].block.line
-        attrs = blocks.target(ev, name)
-        where = f"target {quote(name)}"
-        stage = attrs.get("target")
-        targets[name] = Target(
-            name=name,
-            line=line,
-            dockerfile=_string(
-                attrs.get("dockerfile") or "Dockerfile", f"{where}: dockerfile", ev, line
-            ),
-            context=_string(attrs.get("context") or ".", f"{where}: context", ev, line),
-            tags=_tags(attrs.get("tags"), f"{where}: tags", ev, line),
-            args=_string_map(attrs.get("args"), f"{where}: args", ev, line),
-            contexts=_string_map(attrs.get("contexts"), f"{where}: contexts", ev, line),
-            platforms=_strings(attrs.get("platforms"), f"{where}: platforms", ev, line),
-            stage=_string(stage, f"{where}: target", ev, line) if stage else None,
-            description=_string(attrs.get("description") or "", f"{where}: description", ev, line),
-            labels=_string_map(attrs.get("labels"), f"{where}: labels", ev, line),
-            cache_from=_strings(attrs.get("cache-from"), f"{where}: cache-from", ev, line),
-            cache_to=_strings(attrs.get("cache-to"), f"{where}: cache-to", ev, line),
-        )
-    groups = {name: tuple(blocks.group(ev, name)) for name in blocks.group_names(ev)}
-    lines = {name: blocks.group_line(ev, name) for name in groups}
-    return ResolvedBake(ev.bake.path, dict(ev.env), values, targets, groups, lines)
 
 
 @dataclass(frozen=True, slots=True)
@@ -213,7 +42,12 @@ class BakeGraph:
     Private targets (a leading `_`, bake's convention for inherited bases) are not buildable.
     """
 
-    def __init__(self, bake: BakeFile, env: Mapping[str, str] | None = None):
+    def __init__(
+        self,
+        bake: BakeFile,
+        env: Mapping[str, str] | None = None,
+        resolver: str | None = None,
+    ):
         self.bake = bake
         self.path = bake.path
         # Like bake, variables come from the environment (REGISTRY, SDE_*, ...); the arch and
@@ -226,11 +60,24 @@ class BakeGraph:
         self.budget = Budget()
         self._cache: dict[tuple[str, bool], ResolvedBake] = {}
         with boundary(self.path):
+            self.resolver: Resolver = choose(bake, source, resolver)
             self._load()
 
     def _load(self) -> None:
+        static = Evaluation(self.bake, self._env(None, published=False), self.budget)
+        self.arches: tuple[str, ...] = self._arches(self._static(static, ARCH_LIST_ATTR))
+        default = self._static(static, ARCH_VAR)
+        self._default_arch = default if isinstance(default, str) and default else None
+        if self._default_arch is not None and self._default_arch not in self.arches:
+            raise BakeError(
+                f"{ARCH_VAR}'s default {quote(self._default_arch)} is not one of {ARCH_LIST_ATTR} "
+                f"({', '.join(self.arches)})",
+                path=self.path,
+                line=self._line(ARCH_VAR),
+            )
+        # Every arch at once: bake runs once per arch, concurrently.
+        self.prefetch(published=False)
         first = self.resolve(None)
-        self.arches: tuple[str, ...] = self._arches(first.values.get(ARCH_LIST_ATTR))
         self.targets: tuple[str, ...] = ()
         names = [n for n in first.targets if not n.startswith("_")]
         deps: dict[str, set[str]] = {n: set() for n in names}
@@ -244,6 +91,10 @@ class BakeGraph:
         self.groups: dict[str, tuple[str, ...]] = {g: first.expand([g]) for g in first.groups}
         self.test_targets = self._test_targets(first.values.get(TEST_TARGETS_ATTR))
         self._check_dagster_names(first)
+
+    def _static(self, ev: Evaluation, name: str) -> Any:
+        """A top-level value read without bake: the arch list and the default arch."""
+        return ev.value(name) if name in ev.names() else None
 
     def _line(self, name: str) -> int | None:
         """The line that declares a top-level name (attribute or variable)."""
@@ -311,27 +162,54 @@ class BakeGraph:
         return tuple(t for t in self.targets if t not in self.test_targets)
 
     # ---- evaluation ----
-    def resolve(self, arch: str | None, *, published: bool = False) -> ResolvedBake:
-        """The file evaluated for one arch (default: the bake file's own default) and input mode."""
-        key = (arch or "", published)
-        if key not in self._cache:
-            env = {**self.base_env, PUBLISHED_INPUTS_VAR: "1" if published else "0"}
-            if arch:
-                env[ARCH_VAR] = arch
-            self._cache[key] = resolved = resolve(self.bake, env, self.budget)
+    def _env(self, arch: str | None, *, published: bool) -> dict[str, str]:
+        env = {**self.base_env, PUBLISHED_INPUTS_VAR: "1" if published else "0"}
+        if arch:
+            env[ARCH_VAR] = arch
+        return env
+
+    def _key(self, arch: str | None, published: bool) -> tuple[str, bool]:
+        # The file's default arch is also a named arch: resolve it once, not twice.
+        return (arch or self._default_arch or "", published)
+
+    def prefetch(self, *, published: bool) -> None:
+        """Resolve the default and every arch in one input mode, in one batch."""
+        self._resolve_all([None, *self.arches], published)
+
+    def _resolve_all(self, arches: list[str | None], published: bool) -> None:
+        wanted: dict[tuple[str, bool], str | None] = {}
+        for arch in arches:
+            if arch and arch not in self.arches:
+                raise BakeError(
+                    f"{ARCH_VAR}={arch} is not one of {ARCH_LIST_ATTR} ({', '.join(self.arches)})",
+                    path=self.path,
+                    line=self._line(ARCH_LIST_ATTR),
+                )
+            key = self._key(arch, published)
+            if key not in self._cache:
+                wanted.setdefault(key, arch or self._default_arch)
+        if not wanted:
+            return
+        envs = [self._env(arch, published=published) for arch in wanted.values()]
+        for key, resolved in zip(
+            wanted, self.resolver.resolve_many(envs, self.budget), strict=True
+        ):
+            self._cache[key] = resolved
             first = next(iter(self._cache.values()))
             if resolved.targets.keys() != first.targets.keys():
                 changed = sorted(resolved.targets.keys() ^ first.targets.keys())
                 raise BakeError(
                     f"the targets differ between evaluations ({', '.join(map(quote, changed[:3]))}"
-                    f"{' ...' if len(changed) > 3 else ''} with {ARCH_VAR}={arch or 'default'}, "
+                    f"{' ...' if len(changed) > 3 else ''} with {ARCH_VAR}={key[0] or 'default'}, "
                     f"{PUBLISHED_INPUTS_VAR}={int(published)}): a matrix or name must not depend on them",
                     path=self.path,
                 )
-            default = resolved.values.get(ARCH_VAR)
-            if not arch and isinstance(default, str) and default:
-                # The file's default arch is also a named arch: evaluate it once, not twice.
-                self._cache.setdefault((default, published), resolved)
+
+    def resolve(self, arch: str | None, *, published: bool = False) -> ResolvedBake:
+        """The file resolved for one arch (default: the bake file's own default) and input mode."""
+        key = self._key(arch, published)
+        if key not in self._cache:
+            self._resolve_all([arch], published)
         return self._cache[key]
 
     def _edges(self, resolved: ResolvedBake, target: Target) -> set[str]:
@@ -435,12 +313,15 @@ class BakeGraph:
         return tuple(found.values())
 
 
-def load_graph(path: str | Path, env: Mapping[str, str] | None = None) -> BakeGraph:
-    """Parse, evaluate and check a bake file into a BakeGraph; any problem is one BakeError line.
+def load_graph(
+    path: str | Path, env: Mapping[str, str] | None = None, resolver: str | None = None
+) -> BakeGraph:
+    """Parse, resolve and check a bake file into a BakeGraph; any problem is one BakeError line.
 
-    `env` holds the variable overrides, as bake's environment does (default: os.environ).
+    `env` holds the variable overrides, as bake's environment does (default: os.environ);
+    `resolver` is bake, builtin, or None for bake where buildx is installed.
     """
-    return BakeGraph(load_bake(path), env)
+    return BakeGraph(load_bake(path), env, resolver)
 
 
 def check_drift(graph: BakeGraph) -> list[str]:

@@ -171,6 +171,7 @@ class BakeFile:
 
     def __init__(self, path: Path, text: str):
         self.path = path
+        self.text = text
         self.tree = parse(text, path)
         self.heredocs = _heredocs(self.tree, path)
         self.attrs = _attributes(self.tree.body, "", path)
