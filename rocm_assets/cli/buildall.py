@@ -23,6 +23,7 @@ from typing import Any
 from rocm_assets.cli.common import EXIT_ERROR, add_list
 from rocm_assets.core.bake import BakeGraph, load_graph
 from rocm_assets.core.bake.values import PARSE_BOOL_FALSE
+from rocm_assets.core.build import builder_env
 from rocm_assets.core.builds import SelectionError, check_arches, check_group
 from rocm_assets.core.constants import ARCH_VAR, DEFAULT_GROUP, POOL_BUILDER, PUBLISHED_INPUTS_VAR
 from rocm_assets.core.fleet import Fleet, fleet_path, load_fleet
@@ -47,8 +48,9 @@ class BuildAll:
     cwd: Path
 
     def command(self) -> str:
-        arch = self.env.get(ARCH_VAR)
-        return (f"{ARCH_VAR}={shlex.quote(arch)} " if arch else "") + shlex.join(self.argv)
+        shown = {k: self.env[k] for k in ("DOCKER_CONTEXT", ARCH_VAR) if self.env.get(k)}
+        prefix = "".join(f"{k}={shlex.quote(v)} " for k, v in shown.items())
+        return prefix + shlex.join(self.argv)
 
 
 def check_builder(builder: str, fleet: Fleet, fleet_file: Path) -> None:
@@ -85,7 +87,8 @@ def build_all(
             "every stage read them from the registry instead of what the stage before it "
             "produced: unset it, or use `make push-all`"
         )
-    env = dict(base_env)
+    # A docker-driver node is reached through its context, as buildx requires.
+    env = builder_env(builder, base_env, docker)
     if arch is not None:
         (env[ARCH_VAR],) = check_arches(graph, [arch])
     if shutil.which(docker, path=env.get("PATH")) is None:

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from rocm_assets.core.bake.buildx import find_buildx
 from rocm_assets.core.constants import (
     ARCH_VAR,
     BUILD_NAME_PREFIX,
@@ -29,17 +30,21 @@ from rocm_assets.core.constants import (
     RUN_ID_VAR,
 )
 
-# The caller's settings that reach bake through the environment, shown in the copyable command.
-PASSTHROUGH_VARS = ("SCCACHE_LOG", "CACHE_TAG_SUFFIX", "REGISTRY")
+# The caller's settings that reach bake through the environment, shown in the copyable command;
+# DOCKER_CONTEXT reaches a docker-driver node.
+PASSTHROUGH_VARS = ("SCCACHE_LOG", "CACHE_TAG_SUFFIX", "REGISTRY", "DOCKER_CONTEXT")
 PASSTHROUGH_PREFIXES = ("SDE_",)
 _TERMINATE_GRACE_S = 10.0
 _HEAD_LINES = 3
-# How to get buildx where it is missing: no Debian package ships it.
+# How to get buildx where it is missing.
 BUILDX_INSTALL_HINT = (
-    "install the docker-buildx-plugin package from Docker's apt repository "
-    "(https://docs.docker.com/engine/install/debian/), or the docker-buildx binary from "
-    "https://github.com/docker/buildx/releases as ~/.docker/cli-plugins/docker-buildx (chmod +x)"
+    "install Debian's docker-buildx package (0.29 from Debian testing names history records; "
+    "Debian 13's 0.13 builds but has no `buildx history`), or Docker's docker-buildx-plugin"
 )
+# `buildx history` arrived in 0.20; history records take their name from BUILDKIT_BUILD_NAME
+# since 0.27.
+HISTORY_SINCE = (0, 20)
+NAMED_HISTORY_SINCE = (0, 27)
 # What a docker CLI without the buildx plugin prints for `docker buildx bake -f ...`: older ones
 # say the command is unknown; 20.10 and newer read `buildx` as a plugin that is not there and
 # then reject bake's first flag.
@@ -48,6 +53,7 @@ _NO_BUILDX = (
     "unknown shorthand flag: 'f' in -f",
 )
 _HISTORY_TIMEOUT_S = 30.0
+_CONTEXT_TIMEOUT_S = 20.0
 
 
 class BuildError(Exception):
@@ -59,6 +65,32 @@ class BuildError(Exception):
         super().__init__(message)
         self.log_tail = log_tail
         self.history_ref = history_ref
+
+
+def builder_env(builder: str, env: Mapping[str, str], docker: str = "docker") -> dict[str, str]:
+    """`env` set up to reach `builder`: through its docker context when it is one.
+
+    A docker context is a buildx builder of the docker driver, and buildx builds on it only when
+    it is the current context (`--builder NAME` alone is refused with `use docker --context=NAME
+    buildx`), so DOCKER_CONTEXT names it. A builder made by `docker buildx create` is not a
+    context and is reached by `--builder` alone.
+    """
+    out = dict(env)
+    try:
+        found = subprocess.run(
+            [docker, "context", "inspect", "--format", "{{.Name}}", "--", builder],
+            env=out,
+            capture_output=True,
+            text=True,
+            timeout=_CONTEXT_TIMEOUT_S,
+            check=False,
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return out
+    if found.returncode == 0 and found.stdout.strip() == builder:
+        out["DOCKER_CONTEXT"] = builder
+        out.pop("DOCKER_HOST", None)
+    return out
 
 
 def build_name(target: str, arch: str | None, run_id: str) -> str:
@@ -110,7 +142,7 @@ def bake_invocation(
 ) -> BakeInvocation:
     """The argv and env for baking `target` for `arch` on `builder` with inputs from the registry."""
     name = build_name(target, partition, run_id)
-    env = dict(base_env)
+    env = builder_env(builder, base_env, docker)
     # Inputs always come from the registry: a target: context would make bake rebuild upstream.
     env[PUBLISHED_INPUTS_VAR] = "1"
     env[ARCH_VAR] = arch
@@ -184,36 +216,111 @@ def parse_metadata(path: Path, target: str) -> tuple[str, str, tuple[str, ...]]:
     return ref, digest, tuple(n for n in str(names).split(",") if n)
 
 
-def find_history_ref(inv: BakeInvocation, *, timeout_s: float = _HISTORY_TIMEOUT_S) -> str | None:
-    """The history ref of a failed build, matched by its name (the metadata file is not written)."""
-    argv = [inv.argv[0], "buildx", "history", "ls", "--builder", inv.builder, "--format", "json"]
+class HistoryUnavailable(Exception):
+    """The builder's BuildKit history cannot be listed; the message says why, in one line."""
+
+
+@dataclass(frozen=True)
+class HistoryRecord:
+    """One build in a builder's BuildKit history (`docker buildx history ls --format json`)."""
+
+    ref: str
+    name: str
+    status: str
+    created_at: str
+    completed_at: str | None
+
+
+def history(
+    builder: str,
+    env: Mapping[str, str],
+    *,
+    docker: str = "docker",
+    timeout_s: float = _HISTORY_TIMEOUT_S,
+) -> list[HistoryRecord]:
+    """The builder's history records, newest first; HistoryUnavailable if buildx cannot list them."""
+    found = find_buildx(env)
+    if found is not None and found.version < HISTORY_SINCE:
+        raise HistoryUnavailable(
+            f"buildx {found.version_text} has no `buildx history` "
+            f"({'.'.join(map(str, HISTORY_SINCE))} and later list a builder's records)"
+        )
+    argv = [docker, "buildx", "history", "ls", "--builder", builder, "--format", "json"]
     try:
         out = subprocess.run(
-            argv, env=dict(inv.env), capture_output=True, text=True, timeout=timeout_s, check=False
+            argv,
+            env=builder_env(builder, env, docker),
+            capture_output=True,
+            text=True,
+            timeout=timeout_s,
+            check=False,
         )
-    except (OSError, subprocess.TimeoutExpired):
-        return None
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise HistoryUnavailable(f"{shlex.join(argv[:4])} did not answer: {exc}") from None
+    if out.returncode != 0:
+        last = (out.stderr.strip().splitlines() or ["no output"])[-1]
+        raise HistoryUnavailable(f"{shlex.join(argv[:4])} --builder {builder} failed: {last}")
+    records = []
     for line in out.stdout.splitlines():
         with contextlib.suppress(ValueError):
-            record = json.loads(line)
-            if isinstance(record, dict) and record.get("name") == inv.name:
-                return str(record.get("ref") or "") or None  # newest first
+            item = json.loads(line)
+            if isinstance(item, dict) and item.get("ref"):
+                records.append(
+                    HistoryRecord(
+                        str(item["ref"]),
+                        str(item.get("name") or ""),
+                        str(item.get("status") or ""),
+                        str(item.get("created_at") or ""),
+                        item.get("completed_at") or None,
+                    )
+                )
+    return records
+
+
+def find_history_ref(inv: BakeInvocation) -> tuple[str | None, str]:
+    """The history ref of a failed build, matched by its name (no metadata file is written for
+    it), or None and why it is not known."""
+    try:
+        records = history(inv.builder, inv.env, docker=inv.argv[0])
+    except HistoryUnavailable as exc:
+        return None, str(exc)
+    for record in records:
+        if record.name == inv.name:
+            return record.ref, ""
+    return None, (
+        f"no history record named {inv.name} on {inv.builder} (buildx before "
+        f"{'.'.join(map(str, NAMED_HISTORY_SINCE))} does not name records by BUILDKIT_BUILD_NAME)"
+    )
+
+
+def bake_error_line(output: tuple[str, ...]) -> str | None:
+    """Bake's own reason: its last `ERROR:` line, which names the step or the file that failed."""
+    for line in reversed(output):
+        text = line.strip()
+        if text.startswith("ERROR:"):
+            return text[:500]
     return None
 
 
-def _diagnose(inv: BakeInvocation, rc: int, output: tuple[str, ...]) -> str:
-    """The reason a bake failed, from its first and last lines of output."""
+def _diagnose(inv: BakeInvocation, rc: int, output: tuple[str, ...]) -> tuple[str, bool]:
+    """The reason a bake failed, from its first and last lines of output, and whether it got as
+    far as a build the builder's history would hold."""
     text = "\n".join(output)
     if any(sign in text for sign in _NO_BUILDX) or ("unknown command" in text and "buildx" in text):
         return (
             f"the docker buildx plugin is missing ({inv.argv[0]} has no `buildx`): "
-            f"{BUILDX_INSTALL_HINT}; buildx >= 0.27 for history names"
-        )
+            f"{BUILDX_INSTALL_HINT}"
+        ), False
     if f'no builder "{inv.builder}" found' in text:
-        return f"builder {inv.builder!r} is unknown to docker buildx: create it (docker buildx create --name {inv.builder} ...) or fix `builder:` in fleet.yaml"
+        return (
+            f"builder {inv.builder!r} is unknown to docker buildx: create it (docker buildx "
+            f"create --name {inv.builder} ...) or fix `builder:` in fleet.yaml"
+        ), False
     if rc < 0 or rc in (130, 143):
-        return f"bake was stopped (exit {rc})"
-    return f"bake of {inv.target} for {inv.arch} on builder {inv.builder} failed (exit {rc})"
+        return f"bake was stopped (exit {rc})", True
+    reason = bake_error_line(output)
+    failed = f"bake of {inv.target} for {inv.arch} on builder {inv.builder} failed (exit {rc})"
+    return (f"{failed}: {reason}" if reason else failed), True
 
 
 def _terminate(proc: subprocess.Popen[str]) -> None:
@@ -305,12 +412,14 @@ def run_bake(
         raise
     finished = time.time()
     if rc != 0:
-        ref = find_history_ref(inv)
-        reason = _diagnose(inv, rc, (*head, *tail))
+        reason, built = _diagnose(inv, rc, (*head, *tail))
+        if not built:
+            raise BuildError(reason, log_tail=tuple(tail))
+        ref, why = find_history_ref(inv)
         where = (
             f"; history ref {ref} (docker buildx history logs {ref.rsplit('/', 1)[-1]})"
             if ref
-            else ""
+            else f"; no history ref: {why}"
         )
         raise BuildError(f"{reason}{where}", log_tail=tuple(tail), history_ref=ref)
     ref, digest, names = parse_metadata(inv.metadata_file, inv.target)
