@@ -1,54 +1,62 @@
-"""pytest plugin: a real Docker engine for the session, and the `docker` shim put first on PATH.
+"""pytest plugin: real Docker engines, and real buildx builders on them.
 
-`dockerd` is Debian's docker.io 20.10 engine with vfs storage, no iptables and no bridge, on its own
-socket, data root, exec root and pidfile, so it shares nothing with a Docker the host may run. Its
-built-in BuildKit pushes to the plain-HTTP test registry because dockerd treats 127.0.0.0/8 as an
-insecure registry by default. An engine that cannot start fails the test with its log tail.
+Real, all of it: Debian 13's dockerd 26 (vfs storage, no iptables, no bridge, on its own socket,
+data root, exec root and pidfile, sharing nothing with a Docker the host may run), the docker CLI,
+and Debian's buildx plugin (0.29 from Debian testing; `old_buildx` is Debian 13's 0.13, unpacked
+beside it by .ci/setup). A builder is what a farm node is to buildx: a docker context named for
+the builder, pointing at an engine (the docker driver), in a DOCKER_CONFIG of the test's own. The
+engine's BuildKit pushes to the plain-HTTP test registry because dockerd treats 127.0.0.0/8 as an
+insecure registry by default, and keeps up to 1,000 history records, so a test can judge from
+the builders themselves that no two builds shared a node.
 
-The shim (rocm_assets_tests/shim/docker) implements `docker buildx` on top of that engine; every
-other subcommand goes to the real client. The fixtures hand back an environment for subprocesses;
-a test that runs Dagster in-process sets it with monkeypatch.
+An engine that cannot start, a missing client or buildx fails the test with the reason (never a
+skip): `.ci/setup` installs them.
 """
 
 import json
 import os
-import re
 import shutil
 import signal
 import subprocess
-import sys
 import tempfile
 import time
-from collections.abc import Iterator
-from dataclasses import dataclass
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from datetime import datetime
 from pathlib import Path
 
 import pytest
 
-SHIM_DIR = Path(__file__).resolve().parent.parent / "shim"
+from rocm_assets.core.bake.buildx import PLUGIN_NAME, find_buildx
+from rocm_assets.core.build import HistoryRecord, builder_env, history
+
 E2E_DIR = Path(__file__).resolve().parent.parent / "fixtures" / "e2e"
 E2E_BAKE_FILE = E2E_DIR / "bake.hcl"
 PROJECT_ROOT = Path(__file__).resolve().parent.parent.parent
-# The builder the shim knows unless a test sets ROCM_SHIM_BUILDERS itself.
-SHIM_BUILDER = "rocm-e2e"
+# The builder (a docker context of the session's engine) the single-node tests build on.
+E2E_BUILDER = "rocm-e2e"
+# Debian 13's buildx, kept beside the plugin for the compatibility tests (.ci/setup puts it here).
+OLD_BUILDX = Path(
+    os.environ.get("ROCM_TEST_OLD_BUILDX", "/opt/rocm-assets/buildx-0.13/docker-buildx")
+)
+# A busybox that runs in a FROM-scratch image: RUN steps that take time, offline.
+BUSYBOX = Path("/bin/busybox")
 
 _START_TIMEOUT_S = 60.0
 _STOP_TIMEOUT_S = 30.0
 _LOG_TAIL_LINES = 30
-# Docker 23+ clients hand `docker build` to the buildx plugin; older ones drive BuildKit themselves.
-_FIRST_BUILDX_ONLY_MAJOR = 23
+_DAEMON_CONFIG = {"builder": {"history": {"maxEntries": 1000, "maxAge": "168h"}}}
 
 
 class DockerdError(Exception):
-    """dockerd or a usable docker client is missing, or the engine did not come up."""
+    """dockerd, the docker client or buildx is missing, or the engine did not come up."""
 
 
 @dataclass(frozen=True)
 class Dockerd:
-    """A running engine: `host` is its DOCKER_HOST, `client` the real client that builds on it."""
+    """A running engine: `host` is its DOCKER_HOST."""
 
     host: str
-    client: str
     root: Path
     log_path: Path
     startup_s: float
@@ -63,30 +71,6 @@ class Dockerd:
         return env
 
 
-@dataclass(frozen=True)
-class DockerShim:
-    """The shim on PATH: `env` is a full environment for subprocesses (or monkeypatch)."""
-
-    bin_dir: Path
-    env: dict[str, str]
-    state_dir: Path
-
-
-@dataclass(frozen=True)
-class RecordingShim:
-    """The shim in recording mode: `bake` builds nothing and appends a JSON line to `record_file`."""
-
-    bin_dir: Path
-    env: dict[str, str]
-    state_dir: Path
-    record_file: Path
-
-    def records(self) -> list[dict]:
-        if not self.record_file.exists():
-            return []
-        return [json.loads(line) for line in self.record_file.read_text().splitlines()]
-
-
 def _tail(path: Path) -> str:
     try:
         lines = path.read_text(encoding="utf-8", errors="replace").splitlines()
@@ -95,67 +79,29 @@ def _tail(path: Path) -> str:
     return "\n".join(lines[-_LOG_TAIL_LINES:])
 
 
-def _client_major(client: str) -> int | None:
-    out = subprocess.run([client, "--version"], capture_output=True, text=True, check=False)
-    match = re.search(r"version (\d+)\.", out.stdout)
-    return int(match.group(1)) if match else None
-
-
-def find_real_docker() -> str:
-    """The first docker client on PATH (then /usr/bin) that can run BuildKit builds.
-
-    /usr/local/bin may hold a newer client without the buildx plugin, whose `docker build` then
-    refuses BuildKit; Debian's 20.10 client has BuildKit built in. Either talks to dockerd 20.10,
-    since newer clients negotiate the API version down, so DOCKER_API_VERSION is not needed.
-    """
-    dirs = [d for d in os.environ.get("PATH", "").split(os.pathsep) if d]
-    candidates: list[str] = []
-    for directory in [*dirs, "/usr/bin"]:
-        path = Path(directory) / "docker"
-        if path.parent.resolve() == SHIM_DIR or not os.access(path, os.X_OK):
-            continue
-        if str(path.resolve()) not in {str(Path(c).resolve()) for c in candidates}:
-            candidates.append(str(path))
-    rejected: list[str] = []
-    for client in candidates:
-        major = _client_major(client)
-        if major is not None and major < _FIRST_BUILDX_ONLY_MAJOR:
-            return client
-        buildx = subprocess.run([client, "buildx", "version"], capture_output=True, check=False)
-        if buildx.returncode == 0:
-            return client
-        rejected.append(f"{client} (Docker {major}, no buildx plugin)")
-    raise DockerdError(
-        "no docker client here can run BuildKit builds: "
-        + (", ".join(rejected) or "none on PATH")
-        + "; install Debian's docker.io (apt-get install docker.io)"
-    )
-
-
-def _ready(client: str, host: str) -> bool:
+def _ready(host: str) -> bool:
     probe = subprocess.run(
-        [client, "-H", host, "info", "--format", "{{.ServerVersion}}"],
+        ["docker", "-H", host, "info", "--format", "{{.ServerVersion}}"],
         capture_output=True,
         check=False,
     )
     return probe.returncode == 0
 
 
-def start_dockerd(root: Path, log_path: Path) -> tuple[subprocess.Popen, Dockerd]:
-    """Start dockerd under `root` and wait until `docker info` answers, or raise DockerdError."""
-    if os.geteuid() != 0:
-        raise DockerdError("dockerd needs root; run the tests as root (as .ci/run does)")
+def dockerd_argv(root: Path, host: str, *extra: str) -> list[str]:
+    """The engine's command line: its own everything under `root`."""
     binary = shutil.which("dockerd") or shutil.which("dockerd", path="/usr/sbin:/sbin")
     if binary is None:
-        raise DockerdError(
-            "dockerd not found; install Debian's docker.io (apt-get install docker.io)"
-        )
-    client = find_real_docker()
-    host = f"unix://{root}/docker.sock"
+        raise DockerdError("dockerd not found; .ci/setup installs Debian 13's docker.io")
+    if shutil.which("docker") is None:
+        raise DockerdError("the docker CLI is not on PATH; .ci/setup installs docker-cli")
+    config = root / "daemon.json"
+    config.write_text(json.dumps(_DAEMON_CONFIG))
     # A unique containerd namespace keeps builds apart if dockerd attaches to a host containerd.
-    namespace = f"rocm-test-{os.getpid()}"
-    argv = [
+    namespace = f"rocm-test-{os.getpid()}-{root.name}"
+    return [
         binary,
+        "--config-file", str(config),
         "--storage-driver", "vfs",
         "--iptables=false",
         "--bridge=none",
@@ -165,7 +111,21 @@ def start_dockerd(root: Path, log_path: Path) -> tuple[subprocess.Popen, Dockerd
         "--pidfile", str(root / "docker.pid"),
         "--containerd-namespace", namespace,
         "--containerd-plugins-namespace", f"{namespace}-plugins",
+        *extra,
     ]  # fmt: skip
+
+
+def start_dockerd(
+    root: Path, log_path: Path, *, prefix: tuple[str, ...] = (), extra: tuple[str, ...] = ()
+) -> tuple[subprocess.Popen, Dockerd]:
+    """Start dockerd under `root` and wait until `docker info` answers, or raise DockerdError.
+
+    `prefix` runs it inside something (e.g. `nsenter --net=...` for a node of its own).
+    """
+    if os.geteuid() != 0:
+        raise DockerdError("dockerd needs root; run the tests as root (as .ci/run does)")
+    host = f"unix://{root}/docker.sock"
+    argv = [*prefix, *dockerd_argv(root, host, *extra)]
     started = time.monotonic()
     with log_path.open("wb") as log:
         # Its own session, so teardown can reach the containerd it spawns.
@@ -174,7 +134,7 @@ def start_dockerd(root: Path, log_path: Path) -> tuple[subprocess.Popen, Dockerd
             start_new_session=True,
         )  # fmt: skip
     deadline = started + _START_TIMEOUT_S
-    while not _ready(client, host):
+    while not _ready(host):
         if proc.poll() is not None:
             raise DockerdError(
                 f"dockerd exited with status {proc.returncode} at start-up; log tail:\n"
@@ -187,8 +147,7 @@ def start_dockerd(root: Path, log_path: Path) -> tuple[subprocess.Popen, Dockerd
                 + _tail(log_path)
             )
         time.sleep(0.1)
-    engine = Dockerd(host, client, root, log_path, time.monotonic() - started)
-    return proc, engine
+    return proc, Dockerd(host, root, log_path, time.monotonic() - started)
 
 
 def stop_dockerd(proc: subprocess.Popen) -> None:
@@ -219,50 +178,170 @@ def remove_root(root: Path) -> None:
     shutil.rmtree(root)
 
 
+class EnginePool:
+    """The session's engines, started when first asked for: engine i is always the same one."""
+
+    def __init__(self, logs: Path):
+        self._logs = logs
+        self._started: list[tuple[subprocess.Popen, Dockerd]] = []
+
+    def get(self, index: int) -> Dockerd:
+        while len(self._started) <= index:
+            # Sockets live under root: keep it short, inside the 108-byte socket path limit.
+            root = Path(tempfile.mkdtemp(prefix="rocm-dockerd-"))
+            try:
+                self._started.append(
+                    start_dockerd(root, self._logs / f"dockerd-{len(self._started)}.log")
+                )
+            except DockerdError as exc:
+                remove_root(root)
+                pytest.fail(f"a test Docker engine could not start: {exc}", pytrace=False)
+        return self._started[index][1]
+
+    def stop(self) -> None:
+        for proc, engine in self._started:
+            stop_dockerd(proc)
+            remove_root(engine.root)
+
+
+def _overlap(a: HistoryRecord, b: HistoryRecord) -> bool:
+    now = datetime.now().astimezone()
+    a0, a1 = _time(a.created_at), _time(a.completed_at) if a.completed_at else now
+    b0, b1 = _time(b.created_at), _time(b.completed_at) if b.completed_at else now
+    return a0 < b1 and b0 < a1
+
+
+def _time(text: str) -> datetime:
+    # BuildKit writes RFC 3339 with nanoseconds; Python reads microseconds.
+    head, dot, rest = text.replace("Z", "+00:00").partition(".")
+    if dot:
+        digits = "".join(c for c in rest if c.isdigit())
+        zone = rest[len(digits) :]
+        head = f"{head}.{digits[:6]}{zone}"
+    return datetime.fromisoformat(head)
+
+
+@dataclass
+class Builders:
+    """Builder names, each a docker context (docker driver) of an engine, in a config dir of the
+    test's own. `env` reaches them: DOCKER_CONFIG set, DOCKER_HOST and DOCKER_CONTEXT not, so the
+    code under test picks the context as a real farm's would."""
+
+    config_dir: Path
+    engines: dict[str, Dockerd]
+    env: dict[str, str] = field(default_factory=dict)
+
+    def history(self, builder: str, prefix: str = "") -> list[HistoryRecord]:
+        """The builder's BuildKit history (real `docker buildx history ls`), names under prefix."""
+        return [r for r in history(builder, self.env) if r.name.startswith(prefix)]
+
+    def status(self, builder: str, name: str) -> str | None:
+        """The final state BuildKit gives the newest record of that name (`history inspect`:
+        completed, failed, canceled), or None while there is none."""
+        records = self.history(builder, name)
+        if not records:
+            return None
+        out = subprocess.run(
+            ["docker", "buildx", "history", "inspect", "--builder", builder, records[0].ref.rsplit("/", 1)[-1],
+             "--format", "json"],
+            env=builder_env(builder, self.env),
+            capture_output=True,
+            text=True,
+            check=True,
+        )  # fmt: skip
+        return str(json.loads(out.stdout).get("Status") or "").lower() or None
+
+    def overlaps(self, prefix: str) -> list[tuple[str, str, str]]:
+        """(engine, record, record) for every two records under `prefix` that ran at once on one
+        engine; builders sharing an engine are one machine."""
+        found = []
+        seen: set[str] = set()
+        for builder, engine in self.engines.items():
+            if engine.host in seen:
+                continue
+            seen.add(engine.host)
+            records = self.history(builder, prefix)
+            for i, a in enumerate(records):
+                found.extend((builder, a.name, b.name) for b in records[i + 1 :] if _overlap(a, b))
+        return found
+
+
+def make_builders(
+    config_dir: Path, engines: Mapping[str, Dockerd], *, buildx: Path | None = None
+) -> Builders:
+    """A docker context per builder name; `buildx` replaces the CLI plugin for these builders."""
+    config_dir.mkdir(parents=True, exist_ok=True)
+    env = dict(os.environ)
+    for name in ("DOCKER_HOST", "DOCKER_CONTEXT"):
+        env.pop(name, None)
+    env["DOCKER_CONFIG"] = str(config_dir)
+    plugin = buildx
+    if plugin is None:
+        found = find_buildx(env)
+        if found is None:
+            pytest.fail("no docker buildx plugin is installed: .ci/setup installs docker-buildx")
+        plugin = found.path
+    plugins = config_dir / "cli-plugins"
+    plugins.mkdir(exist_ok=True)
+    (plugins / PLUGIN_NAME).unlink(missing_ok=True)
+    (plugins / PLUGIN_NAME).symlink_to(plugin)
+    for name, engine in engines.items():
+        subprocess.run(
+            ["docker", "context", "create", name, "--docker", f"host={engine.host}"],
+            env=env,
+            check=True,
+            capture_output=True,
+        )
+    return Builders(config_dir, dict(engines), env)
+
+
 @pytest.fixture(scope="session")
-def dockerd(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Dockerd]:
-    # Sockets live under root: keep it short, well inside the 108-byte socket path limit.
-    root = Path(tempfile.mkdtemp(prefix="rocm-dockerd-"))
-    log_path = tmp_path_factory.mktemp("dockerd") / "dockerd.log"
+def engines(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EnginePool]:
+    pool = EnginePool(tmp_path_factory.mktemp("dockerd"))
     try:
-        proc, engine = start_dockerd(root, log_path)
-    except DockerdError as exc:
-        remove_root(root)
-        pytest.fail(f"the test Docker engine could not start: {exc}", pytrace=False)
-    try:
-        yield engine
+        yield pool
     finally:
-        stop_dockerd(proc)
-        remove_root(root)
+        pool.stop()
 
 
-def _shim_env(base: dict[str, str], state_dir: Path) -> dict[str, str]:
-    env = dict(base)
-    # The shim runs with this interpreter's python3 and imports the project from the checkout.
-    env["PATH"] = os.pathsep.join([str(SHIM_DIR), str(Path(sys.executable).parent), env["PATH"]])
-    env["PYTHONPATH"] = os.pathsep.join(
-        p for p in [str(PROJECT_ROOT), env.get("PYTHONPATH", "")] if p
-    )
-    env["ROCM_SHIM_STATE"] = str(state_dir)
-    env["ROCM_SHIM_BUILDERS"] = SHIM_BUILDER
-    return env
+@pytest.fixture(scope="session")
+def dockerd(engines: EnginePool) -> Dockerd:
+    """The session's first engine."""
+    return engines.get(0)
+
+
+def place_busybox(context_dir: Path) -> None:
+    """Debian's static busybox as `busybox` in a build context (atomically: workers race)."""
+    if not BUSYBOX.is_file():
+        pytest.fail(f"{BUSYBOX} is missing: .ci/setup installs busybox-static", pytrace=False)
+    target = context_dir / "busybox"
+    if target.exists():
+        return
+    fd, tmp = tempfile.mkstemp(dir=context_dir, prefix=".busybox-")
+    os.close(fd)
+    shutil.copy2(BUSYBOX, tmp)
+    os.replace(tmp, target)
+
+
+@pytest.fixture(scope="session")
+def e2e_context() -> Path:
+    """The e2e farm's directory, ready to build: its roots copy busybox from it."""
+    place_busybox(E2E_DIR)
+    return E2E_DIR
 
 
 @pytest.fixture
-def docker_shim(dockerd: Dockerd, tmp_path: Path) -> DockerShim:
-    """The shim first on PATH, building for real on the session's dockerd."""
-    state_dir = tmp_path / "shim-state"
-    env = _shim_env(dockerd.env(), state_dir)
-    env["ROCM_SHIM_REAL_DOCKER"] = dockerd.client
-    return DockerShim(SHIM_DIR, env, state_dir)
+def builders(dockerd: Dockerd, e2e_context: Path, tmp_path: Path) -> Builders:
+    """One builder, E2E_BUILDER, on the session's engine, with the installed buildx."""
+    return make_builders(tmp_path / "docker-config", {E2E_BUILDER: dockerd})
 
 
-@pytest.fixture
-def docker_shim_record(tmp_path: Path) -> RecordingShim:
-    """The shim first on PATH in recording mode: no engine, `bake` only records its command."""
-    state_dir = tmp_path / "shim-state"
-    record_file = tmp_path / "docker-calls.jsonl"
-    env = _shim_env(dict(os.environ), state_dir)
-    env["ROCM_SHIM_RECORD"] = str(record_file)
-    env.pop("ROCM_SHIM_REAL_DOCKER", None)
-    return RecordingShim(SHIM_DIR, env, state_dir, record_file)
+@pytest.fixture(scope="session")
+def old_buildx() -> Path:
+    """Debian 13's buildx 0.13, for the compatibility tests."""
+    if not os.access(OLD_BUILDX, os.X_OK):
+        pytest.fail(
+            f"buildx 0.13 is not at {OLD_BUILDX}: .ci/setup unpacks Debian 13's docker-buildx there",
+            pytrace=False,
+        )
+    return OLD_BUILDX

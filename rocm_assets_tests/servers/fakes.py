@@ -373,6 +373,16 @@ def _rfc3339(stamp: float | None) -> str:
 
 # --- the real docker-registry ----------------------------------------------------------------------
 
+# What a client must accept for docker-registry to serve OCI and Docker manifests alike.
+MANIFEST_ACCEPT = ", ".join(
+    [
+        "application/vnd.oci.image.manifest.v1+json",
+        "application/vnd.oci.image.index.v1+json",
+        "application/vnd.docker.distribution.manifest.v2+json",
+        "application/vnd.docker.distribution.manifest.list.v2+json",
+    ]
+)
+
 
 @dataclass
 class RegistryServer:
@@ -443,6 +453,30 @@ class RegistryServer:
         digest = pushed.headers["Docker-Content-Digest"]
         assert digest == _sha256(manifest)
         return digest
+
+    def _http(self) -> httpx.Client:
+        auth = (self.username, self.password) if self.username and self.password else None
+        return httpx.Client(base_url=self.url, auth=auth, trust_env=False, timeout=10.0)
+
+    def digest(self, ref: str) -> str | None:
+        """The registry's digest for a pushed `host/repo:tag` (or `repo:tag`), None if absent."""
+        repo, _, tag = ref.removeprefix(f"{self.host}/").rpartition(":")
+        with self._http() as http:
+            head = http.head(f"/v2/{repo}/manifests/{tag}", headers={"Accept": MANIFEST_ACCEPT})
+        if head.status_code == 404:
+            return None
+        head.raise_for_status()
+        return head.headers["Docker-Content-Digest"]
+
+    def image_config(self, ref: str) -> dict:
+        """The image config (labels under config.Labels) of a pushed single-platform image."""
+        repo, _, tag = ref.removeprefix(f"{self.host}/").rpartition(":")
+        with self._http() as http:
+            manifest = http.get(f"/v2/{repo}/manifests/{tag}", headers={"Accept": MANIFEST_ACCEPT})
+            manifest.raise_for_status()
+            blob = http.get(f"/v2/{repo}/blobs/{manifest.json()['config']['digest']}")
+            blob.raise_for_status()
+        return blob.json()
 
     def requests_served(self) -> int:
         """Requests the server has answered so far: the lines of its access log (on by default,
