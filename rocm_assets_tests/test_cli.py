@@ -1,4 +1,8 @@
-"""`rocm-assets graph` and `check`, run as the installed console script (a real subprocess)."""
+"""`rocm-assets graph` and `check`, run as the installed console script (a real subprocess).
+
+Real: the CLI, and docker buildx bake (Debian's 0.29 plugin) resolving the files where the test
+does not ask for the builtin resolver.
+"""
 
 import json
 from pathlib import Path
@@ -13,20 +17,58 @@ def test_graph_json_is_the_seeds() -> None:
     out = rocm_assets_cli("graph", "--json")
     assert out.returncode == 0, out.stderr
     data = json.loads(out.stdout)
-    assert set(data) == {"arches", "targets", "groups"}
-    assert len(data["targets"]) == 16
-    edges = {(d, n) for n, t in data["targets"].items() for d in t["deps"]}
+    assert set(data) == {"resolver", "buildx", "arch", "arches", "group", "target", "graph"}
+    assert (data["resolver"], data["arch"]) == ("bake", "gfx942")
+    assert data["buildx"].startswith("0.")
+    assert len(data["target"]) == len(data["graph"]) == 16
+    edges = {(d, n) for n, t in data["graph"].items() for d in t["deps"]}
     assert edges == SEED_EDGES
-    assert {g: set(m) for g, m in data["groups"].items()} == SEED_GROUPS
-    vllm = data["targets"]["vllm-wheel"]
+    assert {g: set(m["targets"]) for g, m in data["group"].items()} == SEED_GROUPS
+    vllm = data["graph"]["vllm-wheel"]
     assert (
         vllm["deps"] == ["vllm"]
         and vllm["arch"] is True
         and vllm["groups"] == ["default", "wheels", "serving"]
     )
-    assert vllm["tags"] == ["zot.snoc.lan:5000/rocm-pytorch/vllm-wheel:2.15.0-10.1.0-full-gfx942"]
-    assert vllm["dockerfile"] == "docker/vllm-wheel.Dockerfile"
-    assert data["targets"]["triton-wheel"]["arch"] is False
+    assert data["graph"]["triton-wheel"]["arch"] is False
+    # Each target as --print prints it, every field the farm reads present.
+    printed = data["target"]["vllm"]
+    assert list(printed) == [
+        "context", "dockerfile", "target", "args", "contexts", "tags", "labels", "cache-from",
+        "cache-to", "platforms", "output",
+    ]  # fmt: skip
+    assert printed["tags"] == ["zot.snoc.lan:5000/rocm-pytorch/vllm:2.15.0-10.1.0-full-gfx942"]
+    assert printed["dockerfile"] == "docker/vllm.Dockerfile"
+    assert printed["contexts"]["lmcache-wheel"] == "target:lmcache-wheel"
+    assert printed["cache-from"] == [
+        {"ref": "zot.snoc.lan:5000/rocm-pytorch/cache:vllm-gfx942", "type": "registry"}
+    ]
+    assert printed["cache-to"][0]["mode"] == "max"
+    assert printed["platforms"] == ["linux/amd64"]
+
+
+def test_both_resolvers_give_bakes_answer_for_the_shipped_file() -> None:
+    bake = json.loads(rocm_assets_cli("graph", "--json", "--arch", "gfx950").stdout)
+    builtin = rocm_assets_cli("graph", "--json", "--arch", "gfx950", "--resolver", "builtin")
+    assert builtin.returncode == 0, builtin.stderr
+    data = json.loads(builtin.stdout)
+    assert (data["resolver"], data["buildx"]) == ("builtin", None)
+    assert {k: v for k, v in data.items() if k not in ("resolver", "buildx")} == {
+        k: v for k, v in bake.items() if k not in ("resolver", "buildx")
+    }
+
+
+def test_bake_is_asked_for_and_missing(tmp_path: Path) -> None:
+    # No docker CLI plugin anywhere on this PATH/config: bake cannot resolve, builtin can.
+    env = {
+        "PATH": "/nonexistent",
+        "HOME": str(tmp_path),
+        "DOCKER_CONFIG": str(tmp_path / "docker"),
+        "ROCM_BUILDX": str(tmp_path / "no-buildx"),
+    }
+    out = rocm_assets_cli("graph", "--resolver", "bake", env=env)
+    assert out.returncode == 2
+    assert out.stderr.count("\n") == 1 and "no-buildx is not a working buildx binary" in out.stderr
 
 
 def test_graph_arch_and_bake_file_from_env(tmp_path: Path) -> None:
@@ -35,7 +77,7 @@ def test_graph_arch_and_bake_file_from_env(tmp_path: Path) -> None:
     env = {"PATH": "/usr/bin:/bin", "ROCM_BAKE_FILE": str(copy), "HOME": str(tmp_path)}
     out = rocm_assets_cli("graph", "--json", "--arch", "gfx1250", cwd=tmp_path, env=env)
     assert out.returncode == 0, out.stderr
-    assert json.loads(out.stdout)["targets"]["pytorch"]["tags"][0].endswith("-gfx1250")
+    assert json.loads(out.stdout)["target"]["pytorch"]["tags"][0].endswith("-gfx1250")
 
 
 def test_unknown_arch_is_one_line_exit_2() -> None:
@@ -53,7 +95,14 @@ def test_bad_file_is_one_line_exit_2(tmp_path: Path) -> None:
     bad.write_text('GPU_ARCHES = ["gfx942"]\ntarget "a" {\n  tags = [frob()]\n}\n')
     out = rocm_assets_cli("graph", "--bake-file", str(bad))
     assert out.returncode == 2
-    assert out.stderr == f"rocm-assets: error: {bad}:3: unknown function 'frob'\n"
+    # Bake's own diagnosis, at bake's line.
+    assert out.stderr.startswith(
+        f"rocm-assets: error: {bad}:3: docker buildx bake: Call to unknown function; There is no "
+        'function named "frob".'
+    )
+    assert out.stderr.count("\n") == 1
+    builtin = rocm_assets_cli("graph", "--bake-file", str(bad), "--resolver", "builtin")
+    assert builtin.stderr == f"rocm-assets: error: {bad}:3: unknown function 'frob'\n"
     missing = rocm_assets_cli("check", "--bake-file", str(tmp_path / "nope.hcl"))
     assert (
         missing.returncode == 2

@@ -8,24 +8,32 @@ from typing import Any
 
 from rocm_assets.cli.common import EXIT_OK, EXIT_PROBLEMS, add_bake_file, graph_of, out
 from rocm_assets.core.bake import BakeGraph, check_drift
+from rocm_assets.core.bake.printed import graph_entry
 from rocm_assets.core.builds import check_arches
 from rocm_assets.core.recipes import check_recipes, dockerfile_path
 
 
 def graph_json(graph: BakeGraph, arch: str) -> dict[str, Any]:
+    """`group` and `target` as `docker buildx bake --print` prints them (every target, each for
+    the arch it builds with), then what rocm-assets derives: the edges, per-arch, the groups."""
     return {
+        "resolver": graph.resolver.name,
+        "buildx": graph.resolver_version,
+        "arch": arch,
         "arches": list(graph.arches),
-        "targets": {
+        "group": {name: {"targets": list(members)} for name, members in graph.groups.items()},
+        "target": {
+            name: graph_entry(graph.resolve(graph.build_arch(name, arch)).targets[name].printed)
+            for name in graph.targets
+        },
+        "graph": {
             name: {
                 "deps": list(graph.deps[name]),
                 "arch": name in graph.per_arch,
-                "tags": list(graph.tags(name, arch)),
-                "dockerfile": graph.resolve(graph.build_arch(name, arch)).targets[name].dockerfile,
                 "groups": list(graph.groups_of(name)),
             }
             for name in graph.targets
         },
-        "groups": {name: list(members) for name, members in graph.groups.items()},
     }
 
 
@@ -37,10 +45,11 @@ def cmd_graph(args: argparse.Namespace) -> int:
         out(json.dumps(data, indent=2))
         return EXIT_OK
     out(
-        f"{graph.path}: {len(graph.targets)} targets, {graph.edge_count} edges, arches {', '.join(graph.arches)}"
+        f"{graph.path}: {len(graph.targets)} targets, {graph.edge_count} edges, arches "
+        f"{', '.join(graph.arches)} (resolved by {graph.resolver_label})"
     )
     width = max(len(n) for n in graph.targets)
-    for name, info in data["targets"].items():
+    for name, info in data["graph"].items():
         kind = "arch  " if info["arch"] else "noarch"
         test = f"  (tests {graph.test_targets[name]})" if name in graph.test_targets else ""
         deps = ", ".join(info["deps"]) or "-"

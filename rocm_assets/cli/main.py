@@ -5,11 +5,12 @@ Every failure is one line on stderr. Exit status: 0 fine, 1 the check found prob
 """
 
 import argparse
+import os
 import sys
 from collections.abc import Callable, Sequence
 
 from rocm_assets.cli import backfill, bench, buildall, graph, plan, preflight
-from rocm_assets.cli.common import EXIT_ERROR, CliError, Parser, add_fleet
+from rocm_assets.cli.common import EXIT_ERROR, EXIT_OK, CliError, Parser, add_fleet
 from rocm_assets.core.bake import BakeError
 from rocm_assets.core.builds import SelectionError
 from rocm_assets.core.constants import DEFAULT_DAGSTER_URL
@@ -71,3 +72,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_ERROR
     except KeyboardInterrupt:
         return 130
+    except BrokenPipeError:
+        # The reader went away (`rocm-assets graph | head`): nothing of ours failed. Python
+        # flushes stdout again at exit, so it points at /dev/null from here on.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return EXIT_OK

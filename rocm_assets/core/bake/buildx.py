@@ -130,18 +130,19 @@ def cache_dir(env: Mapping[str, str]) -> Path:
     return base / "rocm-assets"
 
 
-def error_line(stderr: str, path: Path) -> BakeError:
+def error_line(stderr: str, path: Path, env: Mapping[str, str]) -> BakeError:
     """Bake's own `ERROR:` line as one BakeError naming the file and line it names."""
     lines = [line.strip() for line in stderr.splitlines() if line.strip()]
     found = next((m for m in map(_ERROR.match, reversed(lines)) if m), None)
     if found is None:
         last = lines[-1] if lines else "no output"
         return BakeError(f"docker buildx bake --print failed: {quote(last, 300)[1:-1]}", path=path)
-    where = Path(found["file"]) if found["file"] else path
-    if where.name == ARCH_CHECK_FILE.name:
-        # The arch check's own file means nothing to the user: the arch is what to fix.
-        where = path
-    line = int(found["line"]) if found["line"] and where.name == path.name else None
+    named = Path(found["file"]).name if found["file"] else path.name
+    if named == ARCH_CHECK_FILE.name:
+        # The arch check's own file and line mean nothing to the user: the arch is what to fix.
+        arch = env.get(ARCH_VAR, "")
+        return BakeError(f"docker buildx bake: {ARCH_VAR}={arch}: {found['msg']}", path=path)
+    line = int(found["line"]) if found["line"] and named == path.name else None
     return BakeError(f"docker buildx bake: {found['msg']}", path=path, line=line)
 
 
@@ -227,7 +228,7 @@ class BakePrinter:
                 f"cannot run {self.buildx.path}: {exc.strerror or exc}", path=self.bake.path
             ) from None
         if out.returncode != 0:
-            raise error_line(out.stderr, self.bake.path)
+            raise error_line(out.stderr, self.bake.path, env)
         try:
             data = json.loads(out.stdout)
         except ValueError:

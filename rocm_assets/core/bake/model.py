@@ -92,6 +92,17 @@ class BakeGraph:
         self.test_targets = self._test_targets(first.values.get(TEST_TARGETS_ATTR))
         self._check_dagster_names(first)
 
+    @property
+    def resolver_version(self) -> str | None:
+        """The buildx version that resolved the file; None for the builtin resolver."""
+        buildx = getattr(self.resolver, "buildx", None)
+        return buildx.version_text if buildx is not None else None
+
+    @property
+    def resolver_label(self) -> str:
+        version = self.resolver_version
+        return f"docker buildx bake {version}" if version else "the builtin resolver"
+
     def _static(self, ev: Evaluation, name: str) -> Any:
         """A top-level value read without bake: the arch list and the default arch."""
         return ev.value(name) if name in ev.names() else None
