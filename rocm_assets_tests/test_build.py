@@ -12,8 +12,10 @@ test), since every docker CLI here finds Debian's plugin.
 import json
 import os
 import shlex
+import signal
+import subprocess
 import sys
-import time
+import uuid
 from collections.abc import Callable
 from pathlib import Path
 
@@ -75,6 +77,11 @@ def invocation(
 def collect() -> tuple[list[list[str]], Callable[[list[str]], None]]:
     batches: list[list[str]] = []
     return batches, lambda batch: batches.append(list(batch))
+
+
+def unique(what: str) -> str:
+    """A run id of the test's own: the session's engine keeps every test's history records."""
+    return f"{what}-{uuid.uuid4().hex[:12]}"
 
 
 def farm_env(builders: Builders, registry: RegistryServer, **extra: str) -> dict[str, str]:
@@ -195,19 +202,20 @@ def test_a_build_pushes_records_its_history_and_reports_it(
     builders: Builders, registry_server: RegistryServer, tmp_path: Path
 ) -> None:
     env = farm_env(builders, registry_server, SDE_MIRROR=TRICKY, PUBLISHED_INPUTS="0")
-    inv = invocation(tmp_path, env)
+    run_id = unique("build")
+    inv = invocation(tmp_path, env, run_id=run_id)
     batches, on_output = collect()
     result = run_bake(inv, on_output=on_output, flush_s=0.05)
 
     registry = env["REGISTRY"]
-    assert result.tags == (f"{registry}/e2e/base:gfx942", f"{registry}/e2e/base:gfx942-{RUN_ID}")
+    assert result.tags == (f"{registry}/e2e/base:gfx942", f"{registry}/e2e/base:gfx942-{run_id}")
     for tag in result.tags:
         assert registry_server.digest(tag) == result.digest
     # The args reached the build: the image's labels carry them.
     labels = registry_server.image_config(result.tags[0])["config"]["Labels"]
     assert labels == {
         "org.rocm.e2e.arch": "gfx942",
-        "org.rocm.e2e.run-id": RUN_ID,
+        "org.rocm.e2e.run-id": run_id,
         "org.rocm.e2e.max-jobs": "6",
     }
     # The ref is the builder's (docker driver: builder/node/ref), and its history names the build.
@@ -220,13 +228,13 @@ def test_a_build_pushes_records_its_history_and_reports_it(
     summary = metadata_summary(inv, result, "node-a")
     assert summary == {
         "history_ref": result.history_ref,
-        "history_name": f"rocm-pytorch-build/base/gfx942/{RUN_ID}",
+        "history_name": f"rocm-pytorch-build/base/gfx942/{run_id}",
         "digest": result.digest,
         "tags": list(result.tags),
         "node": "node-a",
         "builder": E2E_BUILDER,
         "max_jobs": 6,
-        "run_id": RUN_ID,
+        "run_id": run_id,
         "started_at": result.started_at,
         "finished_at": result.finished_at,
         "duration_s": round(result.finished_at - result.started_at, 3),
@@ -261,11 +269,11 @@ def test_values_reach_bake_literally(
 def test_noarch_build_is_named_noarch(
     builders: Builders, registry_server: RegistryServer, tmp_path: Path
 ) -> None:
-    inv = invocation(
-        tmp_path, farm_env(builders, registry_server), target="tool-wheel", partition=None
-    )
+    run_id = unique("noarch")
+    env = farm_env(builders, registry_server)
+    inv = invocation(tmp_path, env, target="tool-wheel", partition=None, run_id=run_id)
     result = run_bake(inv, on_output=collect()[1])
-    [record] = builders.history(E2E_BUILDER, f"rocm-pytorch-build/tool-wheel/noarch/{RUN_ID}")
+    [record] = builders.history(E2E_BUILDER, f"rocm-pytorch-build/tool-wheel/noarch/{run_id}")
     assert result.history_ref == record.ref
 
 
@@ -284,7 +292,8 @@ def test_failed_bake_carries_bakes_error_line_and_history_ref(
     builders: Builders, registry_server: RegistryServer, tmp_path: Path
 ) -> None:
     env = farm_env(builders, registry_server, FAIL="1")
-    inv = invocation(tmp_path, env, target="tool-wheel", partition=None)
+    # The engine is the session's: a run id of its own keeps this record apart.
+    inv = invocation(tmp_path, env, target="tool-wheel", partition=None, run_id=unique("fail"))
     # A file left by an earlier attempt must not pass for this build's.
     inv.metadata_file.write_text(json.dumps({"tool-wheel": {}}))
     with pytest.raises(BuildError) as raised:
@@ -477,7 +486,7 @@ def test_an_exception_in_the_caller_cancels_the_build_on_its_node(
     tmp_path: Path,
     interrupt: type[BaseException],
 ) -> None:
-    run_id = f"cancel-{interrupt.__name__}-{time.monotonic_ns()}"
+    run_id = unique(f"cancel-{interrupt.__name__}")
     inv = invocation(tmp_path, farm_env(builders, registry_server, HOLD_S="60"), run_id=run_id)
 
     def on_output(batch: list[str]) -> None:
@@ -496,3 +505,55 @@ def test_an_exception_in_the_caller_cancels_the_build_on_its_node(
         f"the builder to record {inv.name} as cancelled",
         timeout_s=HANG_GUARD_S,
     )
+
+
+# A run worker in miniature: it bakes through run_bake until it is killed.
+_WORKER = """
+import json, os, sys
+from pathlib import Path
+from rocm_assets.core.build import bake_invocation, run_bake
+spec = json.loads(sys.argv[1])
+inv = bake_invocation(
+    bake_file=Path(spec["bake_file"]), target="base", arch="gfx942", partition="gfx942",
+    builder=spec["builder"], max_jobs=2, run_id=spec["run_id"],
+    metadata_file=Path(spec["scratch"]) / "metadata.json", base_env=os.environ,
+    scratch=Path(spec["scratch"]),
+)
+run_bake(inv, on_output=lambda lines: None)
+"""
+
+
+def test_a_killed_worker_takes_its_bake_and_scratch_files_with_it(
+    builders: Builders, registry_server: RegistryServer, tmp_path: Path
+) -> None:
+    run_id = unique("killed")
+    scratch = tmp_path / "rocm-bake-scratch"
+    scratch.mkdir()
+    spec = {
+        "bake_file": str(E2E_BAKE_FILE),
+        "builder": E2E_BUILDER,
+        "run_id": run_id,
+        "scratch": str(scratch),
+    }
+    env = farm_env(builders, registry_server, HOLD_S="120")
+    worker = subprocess.Popen([sys.executable, "-c", _WORKER, json.dumps(spec)], env=env)
+    name = f"rocm-pytorch-build/base/gfx942/{run_id}"
+    try:
+        wait_until(
+            lambda: any(r.status == "Running" for r in builders.history(E2E_BUILDER, name)),
+            "the build to start on the builder",
+            timeout_s=HANG_GUARD_S,
+        )
+        worker.kill()  # SIGKILL: the worker can clean up nothing itself
+        worker.wait()
+        # The guard cancels the build on the builder and removes the scratch directory.
+        wait_until(
+            lambda: builders.status(E2E_BUILDER, name) == "canceled",
+            "the builder to record the killed worker's build as cancelled",
+            timeout_s=HANG_GUARD_S,
+        )
+        wait_until(lambda: bake_processes(name) == [], "the bake to end", timeout_s=HANG_GUARD_S)
+        assert not scratch.exists()
+    finally:
+        for pid in bake_processes(name):
+            os.kill(pid, signal.SIGKILL)

@@ -13,6 +13,7 @@ import shlex
 import shutil
 import signal
 import subprocess
+import sys
 import threading
 import time
 from collections import deque
@@ -21,6 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from rocm_assets.core import bake_guard
 from rocm_assets.core.bake.buildx import find_buildx
 from rocm_assets.core.constants import (
     ARCH_VAR,
@@ -34,7 +36,8 @@ from rocm_assets.core.constants import (
 # DOCKER_CONTEXT reaches a docker-driver node.
 PASSTHROUGH_VARS = ("SCCACHE_LOG", "CACHE_TAG_SUFFIX", "REGISTRY", "DOCKER_CONTEXT")
 PASSTHROUGH_PREFIXES = ("SDE_",)
-_TERMINATE_GRACE_S = 10.0
+# Longer than the guard's own grace for bake, so the guard is never killed before bake is.
+_TERMINATE_GRACE_S = bake_guard.GRACE_S + 10.0
 _HEAD_LINES = 3
 # How to get buildx where it is missing.
 BUILDX_INSTALL_HINT = (
@@ -113,6 +116,8 @@ class BakeInvocation:
     argv: tuple[str, ...]
     env: Mapping[str, str] = field(repr=False)
     cwd: Path = Path()
+    # The build's scratch directory, removed by the bake's guard if the worker dies mid-bake.
+    scratch: Path | None = None
 
     def command(self) -> str:
         """A copyable command line: the farm's env settings, then the argv, shell-quoted."""
@@ -139,6 +144,7 @@ def bake_invocation(
     base_env: Mapping[str, str],
     docker: str = "docker",
     progress: str = "plain",
+    scratch: Path | None = None,
 ) -> BakeInvocation:
     """The argv and env for baking `target` for `arch` on `builder` with inputs from the registry."""
     name = build_name(target, partition, run_id)
@@ -172,6 +178,7 @@ def bake_invocation(
         env,
         # Bake resolves relative `context` paths against its working directory, not the file's.
         cwd=bake_file.parent,
+        scratch=scratch,
     )
 
 
@@ -356,10 +363,13 @@ def run_bake(
             f"{docker!r} is not on PATH: install the Docker CLI with the buildx plugin"
         )
     inv.metadata_file.unlink(missing_ok=True)
+    guard = [sys.executable, "-m", bake_guard.__name__, "--parent", str(os.getpid())]
+    if inv.scratch is not None:
+        guard += ["--scratch", str(inv.scratch)]
     started = time.time()
     try:
         proc = subprocess.Popen(
-            list(inv.argv),
+            [*guard, "--", *inv.argv],
             env=dict(inv.env),
             cwd=inv.cwd,
             stdout=subprocess.PIPE,

@@ -352,7 +352,8 @@ class BakeResource(dg.ConfigurableResource):
     ) -> tuple[BakeInvocation, BuildResult]:
         """One bake of `target` for `partition` on `node`, its output streamed to the run log."""
         arch = graph.build_arch(target, partition or graph.arches[0])
-        with tempfile.TemporaryDirectory(prefix="rocm-bake-") as tmp:
+        # The bake's guard removes it if this worker dies mid-bake.
+        with tempfile.TemporaryDirectory(prefix="rocm-bake-", ignore_cleanup_errors=True) as tmp:
             inv = bake_invocation(
                 bake_file=graph.path,
                 target=target,
@@ -365,6 +366,7 @@ class BakeResource(dg.ConfigurableResource):
                 base_env=os.environ,
                 docker=self.docker,
                 progress=self.progress,
+                scratch=Path(tmp),
             )
             context.log.info("baking %s for %s on %s: %s", target, arch, node.name, inv.command())
             try:
