@@ -11,7 +11,7 @@ from pathlib import Path
 
 import dagster as dg
 import pytest
-from dagster._core.events import DagsterEventType
+from dagster._core.events import DagsterEvent, DagsterEventType, StepMaterializationData
 from dagster._core.test_utils import create_run_for_test, instance_for_test
 
 from rocm_assets.core.constants import (
@@ -180,6 +180,49 @@ def test_a_build_waits_on_an_input_whose_last_run_did_not_publish(
         _ended_build(instance, "rocm-runtime@gfx942", DagsterEventType.RUN_SUCCESS)
         iterate(instance)
         assert instance.get_run_by_id(run.run_id).tags[ROCM_PLACEMENT_TAG] == PLACEMENT_PLACED
+
+
+@pytest.mark.parametrize("outcome", ["failed", "materialized"])
+def test_a_build_waits_while_its_inputs_run_is_ending(
+    instance: dg.DagsterInstance, outcome: str
+) -> None:
+    # The build resource frees the builder when the bake ends, before the run records how it
+    # ended: in that window the input is neither building nor failed, and was taken as published
+    # (a demo placed base in the second runtime failed, and base failed its preflight).
+    runtime = submit(instance, "rocm-runtime", "gfx942")
+    iterate(instance)
+    base = submit(instance, "pytorch-base", "gfx942")
+    claims.release_run(instance, runtime.run_id)
+    iterate(instance)
+    waiting = instance.get_run_by_id(base.run_id)
+    assert waiting.status == dg.DagsterRunStatus.QUEUED
+    assert waiting.tags[ROCM_WAITING_FOR_TAG] == (
+        f"waits for rocm-runtime@gfx942: its run {runtime.run_id[:8]} is ending"
+    )
+    assert claims.claims(instance) == {}
+    ended = instance.get_run_by_id(runtime.run_id)
+    if outcome == "failed":
+        end(instance, ended, DagsterEventType.RUN_FAILURE)
+        iterate(instance)
+        assert (
+            instance.get_run_by_id(base.run_id)
+            .tags[ROCM_WAITING_FOR_TAG]
+            .startswith("waits for rocm-runtime@gfx942 to be rebuilt: its last run ")
+        )
+        return
+    # Its materialization is recorded: the bake pushed, and base starts before the run ends.
+    instance.report_dagster_event(
+        DagsterEvent(
+            DagsterEventType.ASSET_MATERIALIZATION.value,
+            job_name=ended.job_name,
+            event_specific_data=StepMaterializationData(
+                dg.AssetMaterialization("rocm-runtime", partition="gfx942")
+            ),
+        ),
+        run_id=ended.run_id,
+    )
+    iterate(instance)
+    assert instance.get_run_by_id(base.run_id).tags[ROCM_PLACEMENT_TAG] == PLACEMENT_PLACED
 
 
 def test_an_unpublished_input_fails_the_build_after_the_bound(fleet_file: Path) -> None:

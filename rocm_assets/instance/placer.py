@@ -119,6 +119,9 @@ class _Farm:
     waiting: dict[Build, _Waiting] = field(default_factory=dict)
     # build -> (node, started, estimated end)
     running: dict[Build, tuple[str, float, float]] = field(default_factory=dict)
+    # build -> run id: its bake is over (the builder is freed) but its run has not recorded a
+    # materialization: not yet known published or failed.
+    ending: dict[Build, str] = field(default_factory=dict)
     in_progress: int = 0
 
 
@@ -195,7 +198,10 @@ class Placer:
         )
         deps = {b: build_deps(graph, b) for b in farm.waiting}
         outside = (
-            {d for ds in deps.values() for d in ds} - farm.waiting.keys() - farm.running.keys()
+            {d for ds in deps.values() for d in ds}
+            - farm.waiting.keys()
+            - farm.running.keys()
+            - farm.ending.keys()
         )
         built_on, failed = finished_builds(
             self._instance, outside, {n.name for n in fleet.nodes}, now
@@ -334,6 +340,16 @@ class Placer:
                 if build is not None:
                     seen[build] = run.run_id
                 continue
+            if (
+                build is not None
+                and run.status != dg.DagsterRunStatus.QUEUED
+                and run.tags.get(ROCM_PLACEMENT_TAG) == PLACEMENT_PLACED
+            ):
+                # The build resource frees the builder when the bake ends, before the run
+                # records how: a failed input must not pass for a published one meanwhile.
+                if not self._materialized(run.run_id):
+                    farm.ending[build] = run.run_id
+                continue
             if build is None or run.tags.get(ROCM_PLACEMENT_TAG) != PLACEMENT_WAITING:
                 continue
             in_process = run.status == dg.DagsterRunStatus.STARTED
@@ -349,6 +365,13 @@ class Placer:
             run = farm.waiting.pop(build).run
             self._tag_waiting(run, f"{build} is building on {farm.running[build][0]}")
         return farm
+
+    def _materialized(self, run_id: str) -> bool:
+        """The run recorded its build's materialization: the bake pushed."""
+        found = self._instance.get_records_for_run(
+            run_id, of_type=dg.DagsterEventType.ASSET_MATERIALIZATION, limit=1
+        )
+        return bool(found.records)
 
     def _alive(self, record: dg.RunRecord, lease: float | None, now: float) -> bool:
         """A started run is alive while its worker renews its lease (or it just started)."""
@@ -384,9 +407,18 @@ class Placer:
         graph: BakeGraph,
         now: float,
     ) -> set[Build]:
-        """Builds with an input whose last run failed: they wait, then fail after a bound."""
+        """Builds with an input whose last run failed: they wait, then fail after a bound. An
+        input whose run is ending holds them too, until that run says how it ended."""
         held: set[Build] = set()
         for build, waiting in farm.waiting.items():
+            ending = sorted(d for d in deps[build] if d in farm.ending)
+            if ending:
+                held.add(build)
+                run_id = farm.ending[ending[0]]
+                self._tag_waiting(
+                    waiting.run, f"waits for {ending[0]}: its run {run_id[:8]} is ending"
+                )
+                continue
             bad = sorted(d for d in deps[build] if d in failed)
             if not bad:
                 continue
