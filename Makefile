@@ -29,8 +29,9 @@ lint: setup
 
 # The example farm (examples/farm) on this machine, as root: a local registry, three BuildKit nodes
 # (dockerds on private sockets, each a buildx builder) and the UI on http://127.0.0.1:3000 running
-# a two-arch backfill. Ctrl-C stops and removes all of it. Needs `docker buildx`: without it, it
-# says in one line how to install it.
+# a two-arch backfill, every build a real `docker buildx bake`. Ctrl-C stops and removes all of it;
+# if a part of it dies, it stops the rest and keeps its directory (logs, runs) and says where.
+# Needs `docker buildx`: without it, it says in one line how to install it.
 demo: setup
 	$(BIN)/python examples/demo.py
 

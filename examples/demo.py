@@ -12,22 +12,31 @@ As root, it starts and wires together, all on loopback and under one state direc
   own, the example bake file and fleet, ROCM_REGISTRY_URL and REGISTRY at the registry;
 
 then launches a backfill of the bake file's default group for every arch in it (two), says where
-to look, and waits. Ctrl-C, SIGTERM or any failure stops everything it started and removes the
-state directory.
+to look, and waits. Every build is a real `docker buildx bake` on its node's engine. The farm's
+images copy in Debian's static busybox, which the demo puts beside the bake file
+(examples/farm/busybox, git-ignored): the farm the UI shows is the repository's own, so an edit
+to it reaches the running demo. Each build holds its node HOLD_S seconds (the bake file's
+variable, 3 by default; `HOLD_S=20 make demo` to watch the placement slowly).
 
-    python examples/demo.py [--port 3000] [--no-backfill] [--docker PATH] [--state-dir DIR]
+Ctrl-C or SIGTERM stops everything it started and removes the state directory: the user chose to
+stop, and it holds three engines' copies of every layer. If a part of it dies instead (dagster
+dev exits because its daemon was killed, a dockerd or the registry exits) or cannot start, the
+rest is stopped and the state directory is kept, logs included, and one line says what died and
+where they are.
 
-It needs `docker buildx`, which no Debian package ships; without it, it says so in one line and
-exits 2. `--docker` runs another docker client in its place, e.g. the tests' stand-in
-(rocm_assets_tests/shim/docker), which implements bake's contract over real dockerds.
+    python examples/demo.py [--port 3000] [--no-backfill] [--state-dir DIR]
+
+It needs `docker buildx` (the docker CLI plugin); without it, it says so in one line and exits 2.
 """
 
 import argparse
 import contextlib
 import os
+import re
 import shutil
 import signal
 import socket
+import struct
 import subprocess
 import sys
 import tempfile
@@ -49,6 +58,8 @@ BAKE_FILE = FARM / "bake.hcl"
 FLEET_FILE = FARM / "fleet.yaml"
 GROUP = "default"
 REGISTRY_BIN = Path("/usr/bin/docker-registry")
+# Debian's busybox-static: the farm's FROM-scratch images RUN it, so it must need no loader.
+BUSYBOX = Path("/bin/busybox")
 _START_TIMEOUT_S = 60.0
 _UI_TIMEOUT_S = 300.0
 _STOP_GRACE_S = 20.0
@@ -69,6 +80,10 @@ _CALLER_SETTINGS = (
 
 class DemoError(Exception):
     """Something the demo cannot do: one line saying what and how to fix it."""
+
+
+class Died(Exception):
+    """A service the demo started exited while the demo ran: one line saying which and how."""
 
 
 def say(text: str) -> None:
@@ -144,14 +159,24 @@ class Demo:
             list(argv), env=self.env, capture_output=True, text=True, check=False, timeout=120
         )
 
-    def close(self) -> None:
+    def close(self, *, keep: bool) -> None:
+        """Stop everything; remove the state directory unless `keep` (something went wrong)."""
         for service in reversed(self.services):
             service.stop()
         self._stop_strays()
-        _remove(self.state)
+        if not keep:
+            _remove(self.state)
+
+    def watch(self) -> None:
+        """Return never: raise Died once a service exits (nothing the demo starts ends by itself)."""
+        while True:
+            for service in self.services:
+                if service.process.poll() is not None:
+                    raise Died(_what_died(service))
+            time.sleep(1.0)
 
     def _stop_strays(self) -> None:
-        """Stop what outlived its service's group: a run worker or shim in a session of its own.
+        """Stop what outlived its service's group: a run worker or bake in a session of its own.
 
         Every process the demo started inherits its DOCKER_CONFIG, so that marks it as ours.
         """
@@ -199,6 +224,22 @@ def _remove(state: Path) -> None:
     shutil.rmtree(state, ignore_errors=True)
 
 
+def _what_died(service: Service) -> str:
+    """Which service died and how; for dagster dev, which of its own processes ended it."""
+    code = service.process.returncode
+    if service.name == "dagster-dev":
+        # dagster dev stops the rest when its webserver or daemon exits, and logs which.
+        found = re.findall(
+            r"(dagster-\w+) process shut down unexpectedly with return code (-?\d+)",
+            service.log.read_text(errors="replace") if service.log.exists() else "",
+        )
+        if found:
+            process, returned = found[-1]
+            return f"{process} died (return code {returned}), so dagster dev exited ({code})"
+        return f"dagster dev exited with status {code}"
+    return f"{service.name} exited with status {code}"
+
+
 def _wait(what: str, ready: Callable[[], bool], service: Service, timeout_s: float) -> None:
     deadline = time.monotonic() + timeout_s
     while not ready():
@@ -214,12 +255,31 @@ def _wait(what: str, ready: Callable[[], bool], service: Service, timeout_s: flo
 # ---- the pieces ---------------------------------------------------------------------------------
 
 
+def _static(path: Path) -> bool:
+    """A 64-bit little-endian ELF with no program interpreter (PT_INTERP): it runs FROM scratch."""
+    try:
+        with path.open("rb") as binary:
+            head = binary.read(65536)
+        if head[:6] != b"\x7fELF\x02\x01":
+            return False
+        (offset,) = struct.unpack_from("<Q", head, 0x20)
+        size, count = struct.unpack_from("<HH", head, 0x36)
+        return all(struct.unpack_from("<I", head, offset + i * size)[0] != 3 for i in range(count))
+    except (OSError, struct.error):
+        return False
+
+
 def check_prerequisites(docker: str, port: int) -> None:
     if os.geteuid() != 0:
         raise DemoError("run it as root: it starts dockerd (as `make test` does)")
     for binary, package in (("dockerd", "docker.io"), (str(REGISTRY_BIN), "docker-registry")):
         if not shutil.which(binary, path=f"{os.environ.get('PATH', '')}:/usr/sbin:/sbin"):
             raise DemoError(f"{binary} not found: apt-get install {package} (or `make setup`)")
+    if not _static(BUSYBOX):
+        raise DemoError(
+            f"no static {BUSYBOX} (the farm's FROM-scratch images run it): "
+            "apt-get install busybox-static (or `make setup`)"
+        )
     version = subprocess.run(
         [docker, "buildx", "version"], capture_output=True, text=True, check=False
     )
@@ -232,6 +292,20 @@ def check_prerequisites(docker: str, port: int) -> None:
             sock.bind(("127.0.0.1", port))
         except OSError:
             raise DemoError(f"port {port} is in use: pass --port <a free one>") from None
+
+
+def place_busybox() -> None:
+    """Debian's static busybox beside the bake file, where the farm's Dockerfiles COPY it from.
+
+    Atomically: a demo (or test) running at the same time may be building from it.
+    """
+    fd, tmp = tempfile.mkstemp(dir=FARM, prefix=".busybox-")
+    os.close(fd)
+    try:
+        shutil.copy2(BUSYBOX, tmp)
+        os.replace(tmp, FARM / "busybox")
+    finally:
+        Path(tmp).unlink(missing_ok=True)
 
 
 def start_registry(demo: Demo) -> str:
@@ -318,17 +392,13 @@ def start_dagster(demo: Demo, registry_url: str) -> Service:
     # Place each build a second after it can start, not five: the demo's builds take seconds.
     config["run_coordinator"]["config"]["dequeue_interval_seconds"] = 1
     (home / "dagster.yaml").write_text(yaml.safe_dump(config))
-    # The farm runs `docker` from PATH: the chosen client, first.
-    bin_dir = demo.state / "bin"
-    bin_dir.mkdir()
-    (bin_dir / "docker").symlink_to(Path(demo.docker).resolve())
     demo.env.update(
         DAGSTER_HOME=str(home),
         ROCM_BAKE_FILE=str(BAKE_FILE),
         ROCM_FLEET_FILE=str(FLEET_FILE),
         ROCM_REGISTRY_URL=registry_url,
         REGISTRY=registry_url.removeprefix("http://"),
-        PATH=os.pathsep.join([str(bin_dir), str(Path(sys.executable).parent), demo.env["PATH"]]),
+        PATH=os.pathsep.join([str(Path(sys.executable).parent), demo.env["PATH"]]),
     )
     argv = [sys.executable, "-m", "dagster", "dev", "-w", "workspace.yaml"]
     service = demo.start("dagster-dev", [*argv, "-h", "127.0.0.1", "-p", str(demo.port)], ROOT)
@@ -376,7 +446,7 @@ def _stop_on_sigterm() -> Iterator[None]:
 
 
 def run(args: argparse.Namespace) -> int:
-    docker = args.docker or shutil.which("docker")
+    docker = shutil.which("docker")
     if docker is None:
         raise DemoError(
             f"no docker client on PATH: apt-get install docker.io; {BUILDX_INSTALL_HINT}"
@@ -390,20 +460,23 @@ def run(args: argparse.Namespace) -> int:
             state.mkdir(parents=True)
         except FileExistsError:
             raise DemoError(
-                f"--state-dir {state} exists: name a new one (it is removed at the end)"
+                f"--state-dir {state} exists: name a new one (Ctrl-C removes it)"
             ) from None
     else:
         state = Path(tempfile.mkdtemp(prefix="rocm-demo-"))
     demo = Demo(state, docker, args.port)
+    kept = f"logs ({state}/*.log) and state kept in {state}"
+    stopped_by_user = False
     with _stop_on_sigterm():
         try:
+            place_busybox()
             docker_config(demo)
             registry = start_registry(demo)
             say(f"registry     {registry}")
             for builder, host in start_nodes(demo, fleet).items():
                 say(f"node         {builder}: {host} (docker context and buildx builder {builder})")
             say(f"dagster dev  starting on {demo.url} (log: {state / 'dagster-dev.log'})")
-            dagster = start_dagster(demo, registry)
+            start_dagster(demo, registry)
             if not args.no_backfill:
                 launch_backfill(demo, graph.arches)
             shown = f"{sys.executable} -m rocm_assets.cli"
@@ -419,33 +492,38 @@ def run(args: argparse.Namespace) -> int:
                         f"ROCM_FLEET_FILE={FLEET_FILE} {shown} watch",
                         f"  More:    {shown} backfill --url {demo.url} --bake-file {BAKE_FILE} "
                         f"--targets torch --arch {graph.arches[0]}",
+                        f"If a part of it dies, the rest is stopped and {state} is kept.",
                         f"Ctrl-C stops it and removes {state}.",
                     ]
                 )
             )
-            while dagster.process.poll() is None:
-                time.sleep(1.0)
-            raise DemoError(
-                f"dagster dev exited with status {dagster.process.returncode}: {_tail(dagster.log)}"
-            )
+            demo.watch()
         except KeyboardInterrupt:
+            stopped_by_user = True
             say("stopping the demo's dagster dev, dockerds and registry")
             return 0
+        except Died as exc:
+            raise Died(f"{exc}; the rest is stopped, {kept}") from None
+        except DemoError as exc:
+            raise DemoError(f"{exc}; {kept}") from None
         finally:
-            demo.close()
+            # Kept unless the user stopped it: what went wrong is in the logs and dagster_home.
+            demo.close(keep=not stopped_by_user)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="examples/demo.py", description=__doc__.splitlines()[0])
     parser.add_argument("--port", type=int, default=3000, help="the Dagster UI's port (3000)")
     parser.add_argument("--no-backfill", action="store_true", help="start the farm, launch nothing")
-    parser.add_argument("--docker", help="the docker client to use (default: docker on PATH)")
     parser.add_argument(
         "--state-dir", help="where everything lives while it runs (default: a new /tmp dir)"
     )
     args = parser.parse_args(argv)
     try:
         return run(args)
+    except Died as exc:
+        sys.stderr.write(f"make demo: {exc}\n")
+        return 1
     except (DemoError, BakeError, FleetError) as exc:
         sys.stderr.write(f"make demo: {exc}\n")
         return 2

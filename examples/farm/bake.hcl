@@ -5,7 +5,9 @@
 #   runtime --> base --> torch --> torch-wheel      a chain, per arch (like rocm-runtime ... pytorch)
 #   src ---------------> torch                      a noarch target (like pytorch-src), and a join
 #
-# Every image is FROM scratch or built here, so nothing is pulled from the internet.
+# Every image is FROM scratch or built here, so nothing is pulled from the internet. The roots copy
+# in Debian's static busybox (`make demo` puts it beside this file, as `busybox`), so each build
+# has a RUN step that holds its node HOLD_S seconds and the placement shows.
 #
 #   rocm-assets check --bake-file examples/farm/bake.hcl      # this file against its Dockerfiles
 #   rocm-assets graph --bake-file examples/farm/bake.hcl
@@ -43,6 +45,12 @@ variable "MAX_JOBS" {
   default = ""
 }
 
+# Seconds each build holds its node (a busybox sleep); torch, the long pole, holds three times as
+# long. A number: env HOLD_S=10 parses as one.
+variable "HOLD_S" {
+  default = 3
+}
+
 USE_PUB = PUBLISHED_INPUTS
 ARCH_TAG = "1.0-${GPU_ARCH}"
 
@@ -69,6 +77,7 @@ target "_common" {
     GPU_ARCH = GPU_ARCH
     MAX_JOBS = MAX_JOBS
     RUN_ID   = RUN_ID
+    HOLD_S   = HOLD_S
   }
 }
 
@@ -115,6 +124,7 @@ target "torch" {
   args = {
     SRC_IMAGE           = USE_PUB ? PUB_SRC : "src"
     BASE_IMAGE          = USE_PUB ? PUB_BASE : "base"
+    HOLD_S              = HOLD_S * 3
     BUILDKIT_BUILD_NAME = build_name("torch", GPU_ARCH)
   }
   tags = [img("torch", ARCH_TAG)]

@@ -8,10 +8,14 @@ ARG BASE_IMAGE=base
 ARG GPU_ARCH
 ARG MAX_JOBS
 ARG RUN_ID
+ARG HOLD_S
 
 FROM ${SRC_IMAGE} AS in-src
 
 FROM ${BASE_IMAGE} AS final
 ARG GPU_ARCH
+ARG HOLD_S
 COPY --from=in-src /src/demo /src/demo
+# Holds the node HOLD_S seconds, as a compile step would; no network: the node has no bridge.
+RUN --network=none ["/bin/busybox", "sh", "-c", "sleep \"$HOLD_S\""]
 COPY files/torch.txt /wheels/torch-1.0+demo.${GPU_ARCH}.txt
