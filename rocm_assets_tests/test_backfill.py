@@ -2,18 +2,25 @@
 
 Real parts: `dagster dev` (webserver, daemons, the code location over gRPC, run workers) with the
 repo's dagster.yaml (PlacementRunCoordinator) and workspace.yaml, its SQLite instance, GraphQL over
-HTTP from the `rocm-assets` CLI, and the real docker-registry the builds' preflight and push check
-read. Every image a build reads is pushed there first, under a namespace of the test's own.
-Stand-ins: the fleet's nodes have no ssh (never probed), and `docker` is the recording shim
-(rocm_assets_tests/shim/docker): each `buildx bake` records its command and environment and
-writes bake's metadata, so builds succeed without building.
+HTTP from the `rocm-assets` CLI, and every build: Debian's `docker buildx bake` (buildx 0.29) on
+three Debian dockerd 26 engines, one per fleet node, each reached through the docker context that
+is that node's builder, pushing to the real docker-registry, which the builds' preflight and push
+check read. Each build names its inputs by their registry tags, under a prefix of this module's
+own: an engine that did not build an input itself pulls it from the registry. What a test says
+about a build it reads from the build's own artifacts: BuildKit's history on the node's engine
+(record name, state, times, build args, named contexts), the registry's digests and the pushed
+images' labels.
 
-The bake file is a copy of rocm-bake.hcl with one more arch in GPU_ARCHES and no other change:
-that arch is a partition the webserver backfills. The tests at the end check the request the CLI
-builds from the shipped bake file, without a server.
+Stand-ins: none for a build. The fleet's nodes have no ssh, so they are never probed (MAX_JOBS
+comes from their figures).
+
+The bake file is the e2e farm (rocm_assets_tests/fixtures/e2e: FROM scratch plus Debian's
+static busybox; every build holds its node HOLD_S seconds) with one more arch in GPU_ARCHES, a
+partition the webserver backfills, and one target in no group, built only by its own job (as
+pytorch-run in rocm-bake.hcl). The tests at the end check the request the CLI builds from the
+shipped bake file, without a server.
 """
 
-import itertools
 import json
 import os
 import re
@@ -33,7 +40,8 @@ import yaml
 from dagster._core.instance.ref import InstanceRef
 
 from rocm_assets.cli.backfill import asset_backfill_params, select, ui_url
-from rocm_assets.core.bake import BakeGraph, load_graph
+from rocm_assets.core.bake import load_graph
+from rocm_assets.core.build import HistoryRecord
 from rocm_assets.core.builds import Build, SelectionError, build_deps
 from rocm_assets.core.constants import (
     FANOUT_PARENT,
@@ -43,13 +51,19 @@ from rocm_assets.core.constants import (
     ROCM_FANOUT_TAG,
     ROCM_NODE_TAG,
 )
-from rocm_assets.core.registry import parse_image_ref
-from rocm_assets_tests.helpers import PROJECT_ROOT, free_port, with_arch
-from rocm_assets_tests.servers.dockerd import SHIM_DIR, RecordingShim
+from rocm_assets_tests.helpers import PROJECT_ROOT, free_port
+from rocm_assets_tests.servers.dockerd import (
+    Builders,
+    EnginePool,
+    copy_e2e,
+    make_builders,
+    record_span,
+)
 from rocm_assets_tests.servers.registry import RegistryServer
 
 NEW_ARCH = "gfx1151"
 ARCHES = ("gfx942", "gfx1100")
+BUILDERS = {"n-big": "b-big", "n-mid": "b-mid", "n-small": "b-small"}
 FLEET = """
 nodes:
   - {name: n-big, builder: b-big, cores: 32, mem_gb: 122, link_mbps: 1000}
@@ -58,8 +72,18 @@ nodes:
 target_costs:
   reference: {cores: 32, mem_gb: 122}
 """
+# A target in no group: only its own job builds it.
+OWN_JOB_TARGET = "base-run"
+OWN_JOB_HCL = f"""
+target "{OWN_JOB_TARGET}" {{
+  inherits = ["base"]
+  tags     = ["${{REGISTRY}}/e2e/{OWN_JOB_TARGET}:${{GPU_ARCH}}"]
+}}
+"""
+# Each build holds its node this long: two builds sharing a node would overlap.
+HOLD_S = "2"
+BUILD_PREFIX = "rocm-pytorch-build/"
 DAGSTER_DEV = (sys.executable, "-m", "dagster", "dev", "-w", "workspace.yaml", "-h", "127.0.0.1")
-BUILDERS = {"n-big": "b-big", "n-mid": "b-mid", "n-small": "b-small"}
 _START_TIMEOUT_S = 240.0
 _RUNS_TIMEOUT_S = 900.0
 _STOP_GRACE_S = 15.0
@@ -76,7 +100,8 @@ class DagsterDev:
     home: Path
     bake_file: Path
     env: dict[str, str]
-    shim: RecordingShim
+    builders: Builders
+    registry: RegistryServer
     process: subprocess.Popen[bytes]
     log_path: Path
 
@@ -86,15 +111,6 @@ class DagsterDev:
     def log_tail(self, lines: int = 40) -> str:
         text = self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
         return "\n".join(text.splitlines()[-lines:])
-
-
-def _push_inputs(registry: RegistryServer, graph: BakeGraph, arches: tuple[str, ...]) -> int:
-    """Every tag the bake file names, for these arches: each build's inputs are then published."""
-    refs = {ref for t in graph.asset_targets for a in arches for ref in graph.tags(t, a)}
-    for ref in sorted(refs):
-        image = parse_image_ref(ref)
-        registry.push_image(image.repo, image.reference)
-    return len(refs)
 
 
 def _graphql(url: str, query: str) -> dict:
@@ -157,7 +173,9 @@ def _stop(process: subprocess.Popen[bytes]) -> None:
 
 @pytest.fixture(scope="module")
 def dagster_dev(
-    tmp_path_factory: pytest.TempPathFactory, registry_server: RegistryServer
+    tmp_path_factory: pytest.TempPathFactory,
+    registry_server: RegistryServer,
+    engines: EnginePool,
 ) -> Iterator[DagsterDev]:
     root = tmp_path_factory.mktemp("dagster-dev")
     home = root / "home"
@@ -167,31 +185,28 @@ def dagster_dev(
     (home / "dagster.yaml").write_text(yaml.safe_dump(config))
     fleet = root / "fleet.yaml"
     fleet.write_text(FLEET)
-    bake_file = with_arch(PROJECT_ROOT / "rocm-bake.hcl", root / "rocm-bake.hcl", NEW_ARCH)
-    namespace = registry_server.new_repo("rocm-backfill")
-    bake_env = {"REGISTRY": registry_server.host, "NAMESPACE": namespace}
-    _push_inputs(registry_server, load_graph(bake_file, bake_env), (*ARCHES, NEW_ARCH))
-
-    record_file = root / "docker-calls.jsonl"
+    bake_file = copy_e2e(root / "farm", arches=(*ARCHES, NEW_ARCH), extra=OWN_JOB_HCL)
+    # A machine per node: an engine each, so each node's history holds its builds only.
+    builders = make_builders(
+        root / "docker-config",
+        {builder: engines.get(i) for i, builder in enumerate(BUILDERS.values())},
+    )
     env = {
         k: v
-        for k, v in os.environ.items()
-        if not k.startswith(("ROCM_", "DAGSTER_")) and k not in ("PUBLISHED_INPUTS", "GPU_ARCH")
+        for k, v in builders.env.items()
+        if not k.startswith(("ROCM_", "DAGSTER_"))
+        and k not in ("PUBLISHED_INPUTS", "GPU_ARCH", "RUN_ID")
     }
-    env.update(bake_env)
     env.update(
-        # The recording `docker` first on PATH for the webserver, the daemon and run workers.
-        PATH=os.pathsep.join([str(SHIM_DIR), str(Path(sys.executable).parent), env["PATH"]]),
+        PATH=os.pathsep.join([str(Path(sys.executable).parent), env["PATH"]]),
         PYTHONPATH=os.pathsep.join(p for p in [str(PROJECT_ROOT), env.get("PYTHONPATH")] if p),
-        ROCM_SHIM_STATE=str(root / "shim-state"),
-        ROCM_SHIM_BUILDERS=",".join(BUILDERS.values()),
-        ROCM_SHIM_RECORD=str(record_file),
+        REGISTRY=f"{registry_server.host}/{registry_server.new_repo('rocm-backfill')}",
+        HOLD_S=HOLD_S,
         DAGSTER_HOME=str(home),
         ROCM_FLEET_FILE=str(fleet),
         ROCM_BAKE_FILE=str(bake_file),
         ROCM_REGISTRY_URL=registry_server.url,
     )
-    shim = RecordingShim(SHIM_DIR, env, root / "shim-state", record_file)
     port = free_port()
     log_path = root / "dagster-dev.log"
     with log_path.open("wb") as log:
@@ -205,7 +220,16 @@ def dagster_dev(
             # Its own group: teardown reaches the webserver, daemon, code server and run workers.
             start_new_session=True,
         )
-    dev = DagsterDev(f"http://127.0.0.1:{port}", home, bake_file, env, shim, process, log_path)
+    dev = DagsterDev(
+        f"http://127.0.0.1:{port}",
+        home,
+        bake_file,
+        env,
+        builders,
+        registry_server,
+        process,
+        log_path,
+    )
     try:
         _wait_for_location(dev)
         yield dev
@@ -254,52 +278,74 @@ def wait_for_builds(
             time.sleep(1.0)
 
 
-def assert_one_build_per_node_at_a_time(dev: DagsterDev) -> int:
-    """No two build runs overlapped on one node, across everything this server ran."""
+def build_name(build: Build, run_id: str) -> str:
+    return f"{BUILD_PREFIX}{build.target}/{build.arch or NOARCH}/{run_id}"
+
+
+def builder_of(record: dg.RunRecord) -> str:
+    """The builder of the node the run was placed on."""
+    return BUILDERS[record.dagster_run.tags[ROCM_NODE_TAG]]
+
+
+def baked(dev: DagsterDev, record: dg.RunRecord) -> HistoryRecord:
+    """The one build a build run made, as its node's BuildKit history records it: named for the
+    run, completed, on the engine of the node the run was placed on."""
+    run = record.dagster_run
+    name = build_name(Build.parse(run.tags[ROCM_BUILD_TAG]), run.run_id)
+    builder = builder_of(record)
+    [found] = dev.builders.history(builder, name)
+    assert found.status == "Completed", (builder, name, found)
+    return found
+
+
+def build_args(dev: DagsterDev, builder: str, found: HistoryRecord) -> dict[str, str]:
+    """The build args BuildKit recorded (an empty value has no Value)."""
+    inspected = dev.builders.inspect(builder, found.ref)
+    return {a["Name"]: a.get("Value", "") for a in inspected.get("BuildArgs") or []}
+
+
+def materialized(dev: DagsterDev, run_id: str) -> dict:
+    """The run's one materialization's metadata, and its data version as `data_version`."""
     with dev.instance() as instance:
-        records = [
-            r
-            for r in instance.get_run_records(dg.RunsFilter(statuses=list(_TERMINAL)))
-            if r.dagster_run.tags.get(ROCM_NODE_TAG)
-        ]
-    by_node: dict[str, list[tuple[float, float, str]]] = {}
-    for r in records:
-        assert r.start_time is not None and r.end_time is not None
-        node = r.dagster_run.tags[ROCM_NODE_TAG]
-        by_node.setdefault(node, []).append((r.start_time, r.end_time, r.dagster_run.run_id))
-    for node, spans in by_node.items():
-        spans.sort()
-        for (_, end, before), (start, _, after) in itertools.pairwise(spans):
-            assert start >= end, f"{node}: run {after} started before run {before} ended"
-    return len(records)
+        [entry] = instance.all_logs(run_id, of_type=dg.DagsterEventType.ASSET_MATERIALIZATION)
+    materialization = entry.asset_materialization
+    assert materialization is not None
+    return {
+        **{k: v.value for k, v in materialization.metadata.items()},
+        "data_version": materialization.tags["dagster/data_version"],
+    }
 
 
-def records_by_run(shim: RecordingShim) -> dict[str, dict]:
-    """The stand-in's bakes, keyed by RUN_ID: the Dagster run that baked."""
-    out: dict[str, dict] = {}
-    for record in shim.records():
-        run_id = record["env"]["RUN_ID"]
-        assert run_id not in out, f"run {run_id} baked twice"
-        out[run_id] = record
-    return out
+def assert_one_build_per_node_at_a_time(dev: DagsterDev) -> int:
+    """No two builds ran at once on one node, across everything this server ran: each engine's
+    own history shows it. Returns how many builds the server's runs made."""
+    with dev.instance() as instance:
+        runs = [r.dagster_run for r in instance.get_run_records()]
+    names = {
+        build_name(Build.parse(run.tags[ROCM_BUILD_TAG]), run.run_id)
+        for run in runs
+        if run.tags.get(ROCM_BUILD_TAG) and run.tags.get(ROCM_NODE_TAG)
+    }
+    assert dev.builders.overlaps(BUILD_PREFIX, names) == []
+    recorded = {r.name for b in BUILDERS.values() for r in dev.builders.history(b, BUILD_PREFIX)}
+    return len(names & recorded)
 
 
-@pytest.mark.real
 def test_a_group_backfill_is_one_placed_run_per_build(dagster_dev: DagsterDev) -> None:
     # Issue 5's "done when": a default-group request for two arches on a live instance.
     out = backfill_cli(dagster_dev, "--group", "default", "--arch", *ARCHES)
     assert out.returncode == 0, out.stderr
     first, link = out.stdout.splitlines()
-    match = re.fullmatch(r"backfill (\w+): group default for gfx942, gfx1100 \(26 builds\)", first)
+    match = re.fullmatch(r"backfill (\w+): group default for gfx942, gfx1100 \(7 builds\)", first)
     assert match, first
     backfill_id = match.group(1)
     assert link == ui_url(dagster_dev.url, backfill_id)
     assert httpx.get(link, timeout=10.0, trust_env=False).status_code == 200
 
-    graph = load_graph(dagster_dev.bake_file)
+    graph = load_graph(dagster_dev.bake_file, dagster_dev.env)
     members = [t for t in graph.asset_targets if t in graph.groups["default"]]
     expected = {f"{t}@{a}" if t in graph.per_arch else t for t in members for a in ARCHES}
-    assert len(expected) == 26  # 12 per-arch targets x 2 arches, 2 noarch targets once
+    assert len(expected) == 7  # 3 per-arch targets x 2 arches, 1 noarch target once
     with dagster_dev.instance() as instance:
         backfill = instance.get_backfill(backfill_id)
         assert backfill is not None and backfill.asset_backfill_data is not None
@@ -331,54 +377,68 @@ def test_a_group_backfill_is_one_placed_run_per_build(dagster_dev: DagsterDev) -
     for record in runs.values():
         assert record.dagster_run.tags.get("dagster/backfill") == backfill_id
 
-    # Each build started only once every input it has in this backfill had finished.
-    for build, record in runs.items():
-        for dep in build_deps(graph, Build.parse(build)):
-            if str(dep) in runs:
-                assert record.start_time >= runs[str(dep)].end_time, f"{build} before {dep}"
-    assert assert_one_build_per_node_at_a_time(dagster_dev) >= 26
-
-    # One bake per build, on its node's builder, with inputs from the registry.
-    bakes = records_by_run(dagster_dev.shim)
+    # One bake per build, on its node's engine, named for its run, from inputs in the registry.
+    builds = {build: baked(dagster_dev, record) for build, record in runs.items()}
     for build, record in runs.items():
         run = record.dagster_run
-        bake = bakes[run.run_id]
-        target, arch = Build.parse(build).target, Build.parse(build).arch
-        argv = bake["argv"]
-        assert argv[argv.index("--builder") + 1] == BUILDERS[run.tags[ROCM_NODE_TAG]]
-        assert argv[-1] == target
-        assert (
-            f"{target}.args.BUILDKIT_BUILD_NAME=rocm-pytorch-build/{target}/{arch or NOARCH}/{run.run_id}"
-            in argv
-        )
-        assert bake["env"]["PUBLISHED_INPUTS"] == "1"
-        assert bake["env"]["GPU_ARCH"] == (arch or graph.arches[0])
+        builder = builder_of(record)
+        found = builds[build]
+        inspected = dagster_dev.builders.inspect(builder, found.ref)
+        assert not inspected.get("NamedContexts"), f"{build} linked a target instead of pulling"
+        metadata = materialized(dagster_dev, run.run_id)
+        assert (metadata["history_ref"], metadata["builder"]) == (found.ref, builder)
+        assert found.ref.startswith(f"{builder}/{builder}/")
+        # What was pushed is what Dagster recorded: the registry's digest is the data version.
+        for tag in metadata["tags"]:
+            assert dagster_dev.registry.digest(tag) == metadata["data_version"], tag
+        parsed = Build.parse(build)
+        # A per-arch build is for its partition; a noarch one is evaluated with the first arch.
+        assert f"GPU_ARCH={parsed.arch or graph.arches[0]} " in metadata["command"]
+        if parsed.arch:
+            labels = dagster_dev.registry.image_config(metadata["tags"][0])["config"]["Labels"]
+            assert labels["org.rocm.e2e.arch"] == parsed.arch
+    # lib pulled its inputs from the registry, by the tags their builds pushed.
+    lib = f"lib@{ARCHES[0]}"
+    args = build_args(dagster_dev, builder_of(runs[lib]), builds[lib])
+    assert args["BASE_IMAGE"] == graph.tags("base", ARCHES[0])[0]
+    assert args["TOOL_IMAGE"] == graph.tags("tool-wheel", ARCHES[0])[0]
+
+    # Each build started on its node only once every input it has in this backfill had ended,
+    # as the nodes' own clocks (one host's) recorded them.
+    for build, found in builds.items():
+        started, _ = record_span(found)
+        for dep in build_deps(graph, Build.parse(build)):
+            if str(dep) in builds:
+                _, ended = record_span(builds[str(dep)])
+                assert ended <= started, f"{build} before {dep}"
+    # The three nodes shared the work, and never two builds at once on one of them.
+    assert len({r.dagster_run.tags[ROCM_NODE_TAG] for r in runs.values()}) > 1
+    assert assert_one_build_per_node_at_a_time(dagster_dev) >= 7
 
 
-@pytest.mark.real
 def test_a_new_arch_in_the_bake_file_is_a_partition(dagster_dev: DagsterDev) -> None:
     # A noarch target and a per-arch one: the noarch target is built once, unpartitioned.
-    out = backfill_cli(
-        dagster_dev, "--targets", "triton-wheel", "torchvision-wheel", "--arch", NEW_ARCH, "--json"
-    )
+    out = backfill_cli(dagster_dev, "--targets", "tool-wheel", "base", "--arch", NEW_ARCH, "--json")
     assert out.returncode == 0, out.stderr
     data = json.loads(out.stdout)
     assert data["arches"] == [NEW_ARCH]
     assert data["builds"] == 2
-    runs = wait_for_builds(
-        dagster_dev, data["backfill_id"], {"triton-wheel", f"torchvision-wheel@{NEW_ARCH}"}
-    )
-    assert set(runs) == {"triton-wheel", f"torchvision-wheel@{NEW_ARCH}"}
+    runs = wait_for_builds(dagster_dev, data["backfill_id"], {"tool-wheel", f"base@{NEW_ARCH}"})
+    assert set(runs) == {"tool-wheel", f"base@{NEW_ARCH}"}
     assert all(r.dagster_run.status == dg.DagsterRunStatus.SUCCESS for r in runs.values())
-    assert "dagster/partition" not in runs["triton-wheel"].dagster_run.tags
-    new = runs[f"torchvision-wheel@{NEW_ARCH}"].dagster_run
-    assert new.tags["dagster/partition"] == NEW_ARCH
-    bake = records_by_run(dagster_dev.shim)[new.run_id]
-    assert bake["env"]["GPU_ARCH"] == NEW_ARCH
+    assert "dagster/partition" not in runs["tool-wheel"].dagster_run.tags
+    new = runs[f"base@{NEW_ARCH}"]
+    assert new.dagster_run.tags["dagster/partition"] == NEW_ARCH
+    # The build was for the new arch: bake got it, and the pushed image says so.
+    found = baked(dagster_dev, new)
+    assert build_args(dagster_dev, builder_of(new), found)["GPU_ARCH"] == NEW_ARCH
+    [tag, _] = materialized(dagster_dev, new.dagster_run.run_id)["tags"]
+    assert tag.endswith(f"/e2e/base:{NEW_ARCH}")
+    labels = dagster_dev.registry.image_config(tag)["config"]["Labels"]
+    assert labels["org.rocm.e2e.arch"] == NEW_ARCH
     assert_one_build_per_node_at_a_time(dagster_dev)
 
 
-@pytest.mark.real
 def test_an_arch_outside_the_bake_file_is_refused_before_the_webserver(
     dagster_dev: DagsterDev,
 ) -> None:
@@ -399,44 +459,46 @@ def test_an_arch_outside_the_bake_file_is_refused_before_the_webserver(
     )
 
 
-@pytest.mark.real
 def test_an_arch_the_webserver_has_not_loaded_says_reload(
     dagster_dev: DagsterDev, tmp_path: Path
 ) -> None:
-    newer = with_arch(dagster_dev.bake_file, tmp_path / "rocm-bake.hcl", "gfx1152")
+    newer = copy_e2e(tmp_path, arches=(*ARCHES, NEW_ARCH, "gfx1152"), extra=OWN_JOB_HCL)
     out = backfill_cli(
-        dagster_dev, "--bake-file", str(newer), "--targets", "pytorch", "--arch", "gfx1152"
+        dagster_dev, "--bake-file", str(newer), "--targets", "base", "--arch", "gfx1152"
     )
     assert out.returncode == 2
     assert out.stderr.count("\n") == 1
-    assert "has no partition 'gfx1152' for pytorch" in out.stderr
+    assert "has no partition 'gfx1152' for base" in out.stderr
     assert "reload the code location" in out.stderr
 
 
-@pytest.mark.real
 def test_a_job_backfill_runs_the_job_per_arch(dagster_dev: DagsterDev) -> None:
-    out = backfill_cli(dagster_dev, "--job", "pytorch_run_job", "--arch", "gfx942", "--json")
+    job = f"{OWN_JOB_TARGET.replace('-', '_')}_job"
+    out = backfill_cli(dagster_dev, "--job", job, "--arch", "gfx942", "--json")
     assert out.returncode == 0, out.stderr
     data = json.loads(out.stdout)
-    assert (data["job"], data["runs"]) == ("pytorch_run_job", 1)
-    runs = wait_for_builds(dagster_dev, data["backfill_id"], {"pytorch-run@gfx942"})
-    run = runs["pytorch-run@gfx942"].dagster_run
-    assert run.job_name == "pytorch_run_job"
+    assert (data["job"], data["runs"]) == (job, 1)
+    runs = wait_for_builds(dagster_dev, data["backfill_id"], {f"{OWN_JOB_TARGET}@gfx942"})
+    record = runs[f"{OWN_JOB_TARGET}@gfx942"]
+    run = record.dagster_run
+    assert run.job_name == job
     assert run.status == dg.DagsterRunStatus.SUCCESS
-    assert records_by_run(dagster_dev.shim)[run.run_id]["argv"][-1] == "pytorch-run"
+    # The job's run baked its target on its node, and pushed it.
+    found = baked(dagster_dev, record)
+    assert materialized(dagster_dev, run.run_id)["history_ref"] == found.ref
+    assert_one_build_per_node_at_a_time(dagster_dev)
 
 
-@pytest.mark.real
 def test_unknown_job_and_unreachable_webserver_are_one_line(dagster_dev: DagsterDev) -> None:
     out = backfill_cli(dagster_dev, "--job", "no_such_job", "--arch", "gfx942")
     assert out.returncode == 2
     assert out.stderr.startswith(
         f"rocm-assets: error: the webserver at {dagster_dev.url} has no job 'no_such_job' (jobs: "
     )
-    assert "pytorch_run_job" in out.stderr
+    assert f"{OWN_JOB_TARGET.replace('-', '_')}_job" in out.stderr
     assert out.stderr.count("\n") == 1
     closed = f"http://127.0.0.1:{free_port()}"
-    down = backfill_cli(replace(dagster_dev, url=closed), "--group", "serving", "--arch", "gfx942")
+    down = backfill_cli(replace(dagster_dev, url=closed), "--group", "default", "--arch", "gfx942")
     assert down.returncode == 2
     assert down.stderr.count("\n") == 1
     assert f"cannot reach the Dagster webserver at {closed}" in down.stderr

@@ -1,25 +1,41 @@
 """The Makefile's seed-compatible targets: the exact command each runs, and build-all for real.
 
 Real parts: GNU make on the repo's Makefile, the installed `rocm-assets` CLI, the shipped
-rocm-bake.hcl and fleet.yaml. `docker` is the recording stand-in (rocm_assets_tests/shim/docker):
-its `buildx bake` records argv, working directory and bake's environment settings, builds nothing.
+rocm-bake.hcl and fleet.yaml for the dry runs, and for `make build-all` a real bake: Debian's
+`docker buildx bake` (buildx 0.29) of the e2e farm's default group (rocm_assets_tests/fixtures/e2e:
+FROM scratch plus Debian's static busybox) on a fleet node's builder, a docker context of a
+Debian dockerd 26 (the docker driver). What it built is read back from the engine itself:
+BuildKit's history (`docker buildx history ls` and `inspect`: state, Dockerfile, build args,
+named contexts, times) and the images in the engine's store; Debian's docker-registry shows
+that nothing was pushed. `make gpu-test` queues runs in a real (SQLite) Dagster instance.
+
+Stand-ins: none.
 """
 
+import json
 import os
 import subprocess
 import sys
+import uuid
+from collections.abc import Mapping
 from pathlib import Path
 
 import pytest
 
-from rocm_assets_tests.helpers import PROJECT_ROOT, free_port
-from rocm_assets_tests.servers.dockerd import RecordingShim
+from rocm_assets.core.build import HistoryRecord, builder_env
+from rocm_assets_tests.helpers import PROJECT_ROOT, free_port, write_fleet
+from rocm_assets_tests.servers.dockerd import E2E_BAKE_FILE, E2E_BUILDER, Builders, record_span
+from rocm_assets_tests.servers.registry import RegistryServer
 
 # Where the running interpreter's console scripts are: the Makefile's $(BIN) for these tests.
 BIN = Path(sys.executable).parent
 URL = "http://127.0.0.1:3999"
-# Settings the caller may have exported that would change what the targets do.
-_CALLER_SETTINGS = ("ARCH", "GPU_ARCH", "BUILDER", "GROUP", "PUBLISHED_INPUTS", "MAKEFLAGS")
+# Settings the caller may have exported that would change what the targets do (the e2e farm's
+# from RUN_ID on).
+_CALLER_SETTINGS = (
+    *("ARCH", "GPU_ARCH", "BUILDER", "GROUP", "PUBLISHED_INPUTS", "MAKEFLAGS"),
+    *("RUN_ID", "MAX_JOBS", "HOLD_S", "FAIL", "REGISTRY"),
+)
 POOL_REASON = (
     "every target would be its own bake invocation, so stage 2 would silently build against "
     "whatever is in the registry rather than what stage 1 produced"
@@ -99,92 +115,166 @@ def test_demo_is_one_command_after_set_up() -> None:
 
 
 @pytest.fixture
-def shim_env(docker_shim_record: RecordingShim) -> dict[str, str]:
-    env = clean_env(docker_shim_record.env)
-    # The shipped fleet's builders; the stand-in answers `no builder` for any other.
-    env["ROCM_SHIM_BUILDERS"] = "snoc-think,snoc-gaming,snoc-lab,snoc-nuc,snoc-cloud"
-    env.pop("ROCM_FLEET_FILE", None)
-    env.pop("ROCM_BAKE_FILE", None)
-    return env
+def farm_env(builders: Builders, registry_server: RegistryServer, tmp_path: Path) -> dict[str, str]:
+    """build-all's environment: a fleet whose one node has the test's builder, the e2e farm as
+    the bake file, and a registry prefix of the test's own (which build-all must not push to)."""
+    fleet = write_fleet(
+        tmp_path / "fleet.yaml",
+        [{"name": "e2e-node", "builder": E2E_BUILDER}],
+        cores=8,
+        mem_gb=16,
+        link_mbps=100,
+    )
+    return {
+        **clean_env(builders.env),
+        "ROCM_FLEET_FILE": str(fleet),
+        "ROCM_BAKE_FILE": str(E2E_BAKE_FILE),
+        "REGISTRY": f"{registry_server.host}/{registry_server.new_repo('make')}",
+    }
 
 
-def test_build_all_refuses_the_pool(
-    shim_env: dict[str, str], docker_shim_record: RecordingShim
-) -> None:
-    out = make("build-all", "BUILDER=snoc-pool", env=shim_env)
+def refs(builders: Builders) -> set[str]:
+    return {r.ref for r in builders.history(E2E_BUILDER)}
+
+
+def built_since(builders: Builders, before: set[str]) -> list[tuple[HistoryRecord, dict]]:
+    """The builds the node made since `before`, oldest first, each with BuildKit's full record."""
+    new = [r for r in builders.history(E2E_BUILDER) if r.ref not in before]
+    new.sort(key=lambda r: record_span(r)[0])
+    return [(r, builders.inspect(E2E_BUILDER, r.ref)) for r in new]
+
+
+def args_of(inspected: Mapping) -> dict[str, str]:
+    """A record's build args (an empty value has no Value)."""
+    return {a["Name"]: a.get("Value", "") for a in inspected.get("BuildArgs") or []}
+
+
+def by_dockerfile(built: list[tuple[HistoryRecord, dict]]) -> dict[str, tuple[HistoryRecord, dict]]:
+    found = {inspected["Dockerfile"]: (record, inspected) for record, inspected in built}
+    assert len(found) == len(built), "a target was built twice"
+    return found
+
+
+def local_labels(env: Mapping[str, str], tag: str) -> dict[str, str] | None:
+    """The labels of `tag` in the node's engine's image store, or None if it has no such image."""
+    out = subprocess.run(
+        ["docker", "image", "inspect", "--format", "{{json .Config.Labels}}", "--", tag],
+        env=builder_env(E2E_BUILDER, env),
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    return json.loads(out.stdout) if out.returncode == 0 else None
+
+
+def build_all_line(arch: str) -> str:
+    """What build-all prints before its bake: the node's context, the arch, the one bake."""
+    return (
+        f"rocm-assets build-all: DOCKER_CONTEXT={E2E_BUILDER} GPU_ARCH={arch} docker buildx bake "
+        f"-f {E2E_BAKE_FILE} --builder {E2E_BUILDER} -- default"
+    )
+
+
+def test_build_all_refuses_the_pool(farm_env: dict[str, str], builders: Builders) -> None:
+    before = refs(builders)
+    out = make("build-all", "BUILDER=snoc-pool", env=farm_env)
     assert out.returncode != 0
     errors = [line for line in out.stderr.splitlines() if line.startswith("rocm-assets:")]
     assert len(errors) == 1
     assert "refuses the pool 'snoc-pool'" in errors[0]
     assert POOL_REASON in errors[0]
     # A name that is no single node's builder is refused the same way.
-    out = make("build-all", "BUILDER=every-node", env=shim_env)
+    out = make("build-all", "BUILDER=every-node", env=farm_env)
     assert out.returncode != 0
     assert "'every-node' is none in" in out.stderr
     assert POOL_REASON in out.stderr
-    assert docker_shim_record.records() == []
+    # The node built nothing.
+    assert refs(builders) == before
 
 
 def test_build_all_bakes_the_group_once_on_one_builder(
-    shim_env: dict[str, str], docker_shim_record: RecordingShim
+    farm_env: dict[str, str], builders: Builders, registry_server: RegistryServer
 ) -> None:
     # Env-only settings reach bake from the caller's environment unchanged.
-    settings = {
-        "SCCACHE_LOG": "debug",
-        "RUN_ID": "make-test",
-        "CACHE_TAG_SUFFIX": "-exp1",
-        "SDE_PYTHON_VERSION": "3.12",
+    settings = {"RUN_ID": f"make-{uuid.uuid4().hex[:8]}", "MAX_JOBS": "3", "HOLD_S": "1"}
+    before = refs(builders)
+    out = make("build-all", f"BUILDER={E2E_BUILDER}", "ARCH=gfx1100", env={**farm_env, **settings})
+    assert out.returncode == 0, out.stderr
+    assert out.stderr.count("rocm-assets build-all: ") == 1
+    assert f"{build_all_line('gfx1100')}\n" in out.stderr
+
+    # One bake built every member of the group on the node, each stage on the one before it as
+    # that bake produced it (named contexts linked in-process, not registry references).
+    built = by_dockerfile(built_since(builders, before))
+    assert set(built) == {"base.Dockerfile", "tool.Dockerfile", "lib.Dockerfile", "app.Dockerfile"}
+    assert all(record.status == "Completed" for record, _ in built.values())
+    linked = {
+        dockerfile: {c["Name"]: c["Value"] for c in inspected.get("NamedContexts") or []}
+        for dockerfile, (_, inspected) in built.items()
     }
-    out = make("build-all", "BUILDER=snoc-think", "ARCH=gfx1100", env={**shim_env, **settings})
-    assert out.returncode == 0, out.stderr
-    records = docker_shim_record.records()
-    assert len(records) == 1
-    (record,) = records
-    bake_file = str(PROJECT_ROOT / "rocm-bake.hcl")
-    assert record["argv"] == [
-        "buildx",
-        "bake",
-        "-f",
-        bake_file,
-        "--builder",
-        "snoc-think",
-        "--",
-        "default",
-    ]
-    assert record["cwd"] == str(PROJECT_ROOT)
-    assert "PUBLISHED_INPUTS" not in record["env"]
-    assert record["env"] == {**settings, "GPU_ARCH": "gfx1100"}
-    # One bake stamped every member of the group, each with its history name.
-    assert set(record["metadata"]) >= {"rocm-runtime", "pytorch", "vllm-wheel", "lmcache-wheel"}
-    assert "pytorch-run" not in record["metadata"]
-    assert f"GPU_ARCH=gfx1100 docker buildx bake -f {bake_file}" in out.stderr
+    assert linked == {
+        "base.Dockerfile": {},
+        "tool.Dockerfile": {},
+        "lib.Dockerfile": {"base-img": "input:0-base", "tool-wheel": "input:0-tool-wheel"},
+        "app.Dockerfile": {"lib-img": "input:0-lib"},
+    }
+    base_args = args_of(built["base.Dockerfile"][1])
+    assert {k: base_args[k] for k in ("GPU_ARCH", *settings)} == {"GPU_ARCH": "gfx1100", **settings}
+    assert args_of(built["lib.Dockerfile"][1])["BASE_IMAGE"] == "base-img"
+
+    # The result is in the node's image store, and nothing was pushed.
+    app = f"{farm_env['REGISTRY']}/e2e/app-wheel:gfx1100"
+    assert local_labels(farm_env, app) == {
+        "org.rocm.e2e.arch": "gfx1100",
+        "org.rocm.e2e.run-id": settings["RUN_ID"],
+        "org.rocm.e2e.max-jobs": "3",
+    }
+    assert registry_server.digest(app) is None
 
 
-def test_build_all_bakes_each_arch_in_turn(
-    shim_env: dict[str, str], docker_shim_record: RecordingShim
-) -> None:
+def test_build_all_bakes_each_arch_in_turn(farm_env: dict[str, str], builders: Builders) -> None:
     # ARCH lists arches; build-all bakes once per arch, none dropped (issue 15).
-    out = make("build-all", "BUILDER=snoc-think", "ARCH=gfx942 gfx1100", env=shim_env)
+    before = refs(builders)
+    out = make("build-all", f"BUILDER={E2E_BUILDER}", "ARCH=gfx942 gfx1100", env=farm_env)
     assert out.returncode == 0, out.stderr
-    assert [r["env"]["GPU_ARCH"] for r in docker_shim_record.records()] == ["gfx942", "gfx1100"]
+    lines = [line for line in out.stderr.splitlines() if line.startswith("rocm-assets build-all:")]
+    assert lines == [build_all_line("gfx942"), build_all_line("gfx1100")]
+    built = built_since(builders, before)
+    assert len(built) == 8
+    first, second = built[:4], built[4:]
+    # The second bake started on the node only after every build of the first had ended.
+    assert max(record_span(r)[1] for r, _ in first) <= min(record_span(r)[0] for r, _ in second)
+    assert args_of(by_dockerfile(first)["base.Dockerfile"][1])["GPU_ARCH"] == "gfx942"
+    assert args_of(by_dockerfile(second)["base.Dockerfile"][1])["GPU_ARCH"] == "gfx1100"
+    for arch in ("gfx942", "gfx1100"):
+        labels = local_labels(farm_env, f"{farm_env['REGISTRY']}/e2e/app-wheel:{arch}")
+        assert labels is not None and labels["org.rocm.e2e.arch"] == arch
 
 
-def test_build_all_refuses_published_inputs(
-    shim_env: dict[str, str], docker_shim_record: RecordingShim
-) -> None:
-    out = make("build-all", "BUILDER=snoc-think", env={**shim_env, "PUBLISHED_INPUTS": "1"})
+def test_build_all_refuses_published_inputs(farm_env: dict[str, str], builders: Builders) -> None:
+    before = refs(builders)
+    out = make("build-all", f"BUILDER={E2E_BUILDER}", env={**farm_env, "PUBLISHED_INPUTS": "1"})
     assert out.returncode != 0
     assert "PUBLISHED_INPUTS='1'" in out.stderr
-    assert docker_shim_record.records() == []
+    assert refs(builders) == before
 
 
-def test_build_all_exits_with_bakes_status(
-    shim_env: dict[str, str], docker_shim_record: RecordingShim
-) -> None:
-    out = make("build-all", "BUILDER=snoc-nuc", env={**shim_env, "ROCM_SHIM_RECORD_MODE": "fail"})
+def test_build_all_exits_with_bakes_status(farm_env: dict[str, str], builders: Builders) -> None:
+    before = refs(builders)
+    # FAIL makes tool-wheel's RUN step exit 1.
+    out = make("build-all", f"BUILDER={E2E_BUILDER}", env={**farm_env, "FAIL": "1"})
     assert out.returncode != 0
-    assert "failed to solve: recorded failure" in out.stderr
-    assert len(docker_shim_record.records()) == 1
+    # Bake's own reason reached the terminal (for a group, it names the requested target the
+    # failure stopped), and its status is make's recipe's.
+    [error] = [line for line in out.stderr.splitlines() if line.startswith("ERROR: ")]
+    assert error.startswith("ERROR: target ")
+    assert error.endswith(
+        ': failed to solve: process "/bin/busybox sh -c sleep \\"$HOLD_S\\" && test -z '
+        '\\"$FAIL\\"" did not complete successfully: exit code: 1'
+    )
+    assert "build-all] Error 1" in out.stderr
+    tool, _ = by_dockerfile(built_since(builders, before))["tool.Dockerfile"]
+    assert tool.status == "Error"
 
 
 def test_push_all_reaches_the_webserver_or_says_why() -> None:

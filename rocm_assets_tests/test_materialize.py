@@ -1,19 +1,21 @@
-"""Materializing bake assets through Dagster: one bake per asset partition, recorded, cancellable.
+"""Materializing bake assets through Dagster: one real bake per asset partition, cancellable.
 
-Real parts, in every test: Dagster itself (the `dagster asset materialize` CLI as a subprocess of
-this repository, or a persistent SQLite instance with the default QueuedRunCoordinator whose run
-is dequeued by the real QueuedRunCoordinatorDaemon and launched by the DefaultRunLauncher through
-a gRPC code server into a run-worker process), the project's code location
-`rocm_assets.definitions` as shipped, and Debian's docker-registry (`registry_server`), which the
-in-run preflight reads. Fleets have no `ssh`, so no node is probed.
+Real, in every test: Dagster (the `dagster asset materialize` CLI as a subprocess of this
+repository, or a persistent SQLite instance with the default QueuedRunCoordinator whose run is
+dequeued by the real QueuedRunCoordinatorDaemon and launched by the DefaultRunLauncher through a
+gRPC code server into a run-worker process), the project's code location `rocm_assets.definitions`
+as shipped, and every build: Debian's `docker buildx bake` (buildx 0.29) on Debian 13's dockerd 26,
+reached through the docker context that is the fleet node's builder, pushing to Debian's
+docker-registry, which the in-run preflight reads too. The bake file is the e2e farm
+(rocm_assets_tests/fixtures/e2e: FROM scratch plus Debian's static busybox), or a copy of it with
+one more target. What a test says about a build it reads from that build's own artifacts: the
+registry's digests and image labels, and BuildKit's history (`docker buildx history ls` and
+`inspect`: the record's name, final state, times, build args and named contexts).
 
-Stood in for: buildx only. The `docker` first on PATH is rocm_assets_tests/shim/docker, either
-recording (no engine: it records argv and env as JSON, writes the metadata keys bake writes, or
-hangs until signalled) or, in the tests marked `real`, building for real with BuildKit on the
-session's dockerd (Debian docker.io, vfs) and pushing to the registry.
+Stand-ins: none. The fleet's one node has no `ssh`, so it is not probed (MAX_JOBS comes from its
+figures).
 """
 
-import json
 import os
 import shlex
 import signal
@@ -24,11 +26,9 @@ import time
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
-from itertools import pairwise
 from pathlib import Path
 
 import dagster as dg
-import httpx
 import pytest
 from dagster._core.definitions.repository_definition.valid_definitions import (
     SINGLETON_REPOSITORY_NAME,
@@ -39,20 +39,21 @@ from dagster._core.workspace.load_target import ModuleTarget
 from dagster._daemon.run_coordinator.queued_run_coordinator_daemon import QueuedRunCoordinatorDaemon
 
 from rocm_assets.core.bake import load_graph
+from rocm_assets.core.build import HistoryRecord, builder_env
 from rocm_assets.core.constants import ROCM_MAX_JOBS_TAG, ROCM_NODE_TAG
-from rocm_assets_tests.helpers import alive
+from rocm_assets_tests.helpers import alive, wait_until
 from rocm_assets_tests.servers.dockerd import (
     E2E_BAKE_FILE,
+    E2E_BUILDER,
     PROJECT_ROOT,
-    SHIM_BUILDER,
-    DockerShim,
-    RecordingShim,
+    Builders,
+    copy_e2e,
+    record_span,
 )
 from rocm_assets_tests.servers.registry import RegistryServer
 
 DEFINITIONS = "rocm_assets.definitions"
 LOCATION = "rocm_assets"
-SHIPPED_BAKE_FILE = PROJECT_ROOT / "rocm-bake.hcl"
 NODE = "node-a"
 # node-a has 8 cores and 12 GB: 2 GB a job gives 6, under the core cap.
 MAX_JOBS = 6
@@ -61,16 +62,26 @@ E2E_TARGETS = ("base", "tool-wheel", "lib", "app-wheel")
 E2E_DEPS = {"lib": ("base", "tool-wheel"), "app-wheel": ("lib",)}
 # Characters a shell would act on: each must reach bake as one literal value.
 TRICKY = "a b;$(touch pwned)|&'\"`x` *"
-ACCEPT = ", ".join(
-    [
-        "application/vnd.oci.image.manifest.v1+json",
-        "application/vnd.oci.image.index.v1+json",
-        "application/vnd.docker.distribution.manifest.v2+json",
-        "application/vnd.docker.distribution.manifest.list.v2+json",
-    ]
+# The farm's pass-through settings (build.PASSTHROUGH_VARS, SDE_*), as the caller sets them.
+PASSED = {
+    "SCCACHE_LOG": "debug sccache=trace",
+    "CACHE_TAG_SUFFIX": TRICKY,
+    "SDE_MIRROR": "http://mirror a/b?c=1&d=2",
+    "SDE_EMPTY": "",
+}
+# app-wheel's build again, with the pass-through settings as build args: BuildKit's record of
+# the build then shows what reached bake.
+SETTINGS_TARGET = "app-settings"
+SETTINGS_HCL = "".join(f'\nvariable "{name}" {{\n  default = ""\n}}\n' for name in PASSED) + (
+    f'\ntarget "{SETTINGS_TARGET}" {{\n  inherits = ["app-wheel"]\n'
+    f'  tags     = ["${{REGISTRY}}/e2e/{SETTINGS_TARGET}:${{GPU_ARCH}}"]\n'
+    f"  args     = {{ {', '.join(f'{name} = {name}' for name in PASSED)} }}\n}}\n"
 )
+BUILD_PREFIX = "rocm-pytorch-build/"
 # Guards against a hung run, not timings: vfs builds of the e2e images take seconds each.
 HANG_GUARD_S = 600.0
+# The cancelled build's hold: far longer than the test waits for it.
+CANCEL_HOLD_S = "120"
 
 
 @dataclass(frozen=True)
@@ -80,42 +91,26 @@ class Farm:
     env: dict[str, str]
     home: Path
     registry: RegistryServer
-    prefix: str
+    builders: Builders
+    bake_file: Path
 
     @property
     def registry_var(self) -> str:
-        return f"{self.registry.host}/{self.prefix}"
-
-    def digest(self, ref: str) -> str | None:
-        """The registry's digest for a pushed `host/repo:tag`, or None when it has no such tag."""
-        repo, _, tag = ref.removeprefix(f"{self.registry.host}/").rpartition(":")
-        head = httpx.head(
-            f"{self.registry.url}/v2/{repo}/manifests/{tag}",
-            headers={"Accept": ACCEPT},
-            trust_env=False,
-        )
-        if head.status_code == 404:
-            return None
-        head.raise_for_status()
-        return head.headers["Docker-Content-Digest"]
+        return self.env["REGISTRY"]
 
 
 def make_farm(
-    base_env: Mapping[str, str],
-    tmp_path: Path,
-    registry: RegistryServer,
-    *,
-    builder: str,
-    bake_file: Path | None,
+    builders: Builders, tmp_path: Path, registry: RegistryServer, bake_file: Path = E2E_BAKE_FILE
 ) -> Farm:
-    """A fleet of one unprobed node, a fresh Dagster home, and a registry prefix of its own."""
+    """A fleet of one unprobed node on the test's builder, a fresh Dagster home, and a registry
+    prefix of its own (the registry and the engine are the session's)."""
     fleet = tmp_path / "fleet.yaml"
     fleet.write_text(
         textwrap.dedent(
             f"""\
             nodes:
               - name: {NODE}
-                builder: {builder}
+                builder: {E2E_BUILDER}
                 cores: 8
                 mem_gb: 12
                 link_mbps: 1000
@@ -127,22 +122,20 @@ def make_farm(
     home = tmp_path / "dagster-home"
     home.mkdir()
     (home / "dagster.yaml").write_text("telemetry:\n  enabled: false\n")
-    # The registry is shared by the session: each test pushes under a path of its own.
-    prefix = registry.new_repo("materialize")
-    # The shim's settings stay; the caller's own farm settings (bake file, registry) do not.
+    # The caller's own farm settings (bake file, registry, arch) do not leak in.
     env = {
-        k: v for k, v in base_env.items() if not k.startswith("ROCM_") or k.startswith("ROCM_SHIM_")
+        k: v
+        for k, v in builders.env.items()
+        if not k.startswith("ROCM_") and k not in ("PUBLISHED_INPUTS", "GPU_ARCH", "RUN_ID")
     }
     env.update(
         DAGSTER_HOME=str(home),
         ROCM_FLEET_FILE=str(fleet),
-        ROCM_SHIM_BUILDERS=builder,
-        REGISTRY=f"{registry.host}/{prefix}",
+        ROCM_BAKE_FILE=str(bake_file),
+        REGISTRY=f"{registry.host}/{registry.new_repo('materialize')}",
         ROCM_REGISTRY_URL=registry.url,
     )
-    if bake_file is not None:
-        env["ROCM_BAKE_FILE"] = str(bake_file)
-    return Farm(env, home, registry, prefix)
+    return Farm(env, home, registry, builders, bake_file)
 
 
 def materialize_cli(env: Mapping[str, str], *args: str) -> subprocess.CompletedProcess[str]:
@@ -156,6 +149,19 @@ def materialize_cli(env: Mapping[str, str], *args: str) -> subprocess.CompletedP
         timeout=HANG_GUARD_S,
         check=False,
     )
+
+
+def publish(farm: Farm, target: str) -> None:
+    """`target` baked with its inputs linked in one invocation and pushed, outside Dagster (as
+    `make build-all` plus a push would): the input a later build finds in the registry."""
+    env = builder_env(E2E_BUILDER, {**farm.env, "GPU_ARCH": ARCH})
+    done = subprocess.run(
+        ["docker", "buildx", "bake", "-f", str(farm.bake_file), "--builder", E2E_BUILDER,
+         "--push", "--progress=plain", "--", target],
+        env=env, cwd=farm.bake_file.parent, capture_output=True, text=True,
+        timeout=HANG_GUARD_S, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout[-3000:]
 
 
 @contextmanager
@@ -195,17 +201,26 @@ def run_log(instance: dg.DagsterInstance, run_id: str) -> str:
     return "\n".join(lines)
 
 
-def shim_history(state_dir: Path) -> dict[str, dict]:
-    """The shim's BuildKit history records by name; a record's last line is its final state."""
-    records: dict[str, dict] = {}
-    for line in (state_dir / "history.jsonl").read_text().splitlines():
-        record = json.loads(line)
-        records[record["name"]] = record
-    return records
-
-
 def build_name(target: str, run_id: str) -> str:
-    return f"rocm-pytorch-build/{target}/{'noarch' if target == 'tool-wheel' else ARCH}/{run_id}"
+    return f"{BUILD_PREFIX}{target}/{'noarch' if target == 'tool-wheel' else ARCH}/{run_id}"
+
+
+def records_of_run(builders: Builders, run_id: str) -> dict[str, HistoryRecord]:
+    """The builder's history records of one Dagster run (its id ends each name), by name."""
+    records = [r for r in builders.history(E2E_BUILDER, BUILD_PREFIX) if r.name.endswith(run_id)]
+    by_name = {r.name: r for r in records}
+    assert len(by_name) == len(records), f"a build of run {run_id} is recorded twice"
+    return by_name
+
+
+def build_args(builders: Builders, record: HistoryRecord) -> dict[str, str]:
+    """The build args BuildKit recorded for a build (an empty value has no Value)."""
+    inspected = builders.inspect(E2E_BUILDER, record.ref)
+    return {a["Name"]: a.get("Value", "") for a in inspected.get("BuildArgs") or []}
+
+
+def named_contexts(builders: Builders, record: HistoryRecord) -> list[dict]:
+    return builders.inspect(E2E_BUILDER, record.ref).get("NamedContexts") or []
 
 
 # ##### QUEUED RUNS
@@ -296,6 +311,8 @@ def queued_instance(
     """
     for key in [k for k in os.environ if k.startswith("ROCM_")]:
         monkeypatch.delenv(key)
+    for key in ("DOCKER_HOST", "DOCKER_CONTEXT", "PUBLISHED_INPUTS", "GPU_ARCH", "RUN_ID"):
+        monkeypatch.delenv(key, raising=False)
     for key, value in farm.env.items():
         monkeypatch.setenv(key, value)
     with dg.instance_for_test(temp_dir=str(farm.home)) as instance:
@@ -304,7 +321,8 @@ def queued_instance(
 
 
 def bake_processes(run_id: str) -> list[int]:
-    """Live processes whose command line is a bake of this run: its history name holds the id."""
+    """Live processes whose command line is a bake of this run (the docker CLI and the buildx
+    plugin it runs): the build's history name holds the run id."""
     marker = run_id.encode()
     found = []
     for proc in Path("/proc").iterdir():
@@ -323,27 +341,22 @@ def bake_processes(run_id: str) -> list[int]:
 # ##### DONE WHEN
 
 
-def test_cli_materialize_bakes_exactly_vllm_wheel_for_the_partition(
-    docker_shim_record: RecordingShim, registry_server: RegistryServer, tmp_path: Path
+def test_cli_materialize_bakes_exactly_the_target_for_the_partition(
+    builders: Builders, registry_server: RegistryServer, tmp_path: Path
 ) -> None:
-    farm = make_farm(
-        docker_shim_record.env, tmp_path, registry_server, builder="builder-a", bake_file=None
-    )
-    passed = {
-        "SCCACHE_LOG": "debug sccache=trace",
-        "CACHE_TAG_SUFFIX": TRICKY,
-        "SDE_MIRROR": "http://mirror a/b?c=1&d=2",
-        "SDE_EMPTY": "",
-    }
-    env = {**farm.env, **passed, "UNRELATED": "not part of the build environment"}
-    # The one input bake pulls for vllm-wheel is in the registry, so the preflight passes.
-    [needed] = load_graph(SHIPPED_BAKE_FILE, env).published_inputs("vllm-wheel", ARCH)
-    assert needed.producer == "vllm"
-    repo, _, tag = needed.ref.removeprefix(f"{registry_server.host}/").rpartition(":")
-    assert repo == f"{farm.prefix}/rocm-pytorch/vllm"
-    registry_server.push_image(repo, tag)
+    bake_file = copy_e2e(tmp_path / "farm", extra=SETTINGS_HCL)
+    farm = make_farm(builders, tmp_path, registry_server, bake_file)
+    env = {**farm.env, **PASSED, "UNRELATED": "not part of the build environment"}
+    # The one input bake pulls is in the registry, so the preflight passes: published from a
+    # build outside Dagster.
+    [needed] = load_graph(bake_file, env).published_inputs(SETTINGS_TARGET, ARCH)
+    assert (needed.producer, needed.ref) == ("lib", f"{farm.registry_var}/e2e/lib:{ARCH}")
+    publish(farm, "lib")
+    input_digest = registry_server.digest(needed.ref)
+    assert input_digest is not None
+    before = {r.ref for r in builders.history(E2E_BUILDER)}
 
-    done = materialize_cli(env, "--select", "vllm-wheel", "--partition", ARCH)
+    done = materialize_cli(env, "--select", SETTINGS_TARGET, "--partition", ARCH)
     assert done.returncode == 0, done.stdout + done.stderr
 
     with open_instance(farm.home) as instance:
@@ -354,110 +367,124 @@ def test_cli_materialize_bakes_exactly_vllm_wheel_for_the_partition(
     assert run.tags[ROCM_NODE_TAG] == NODE
     assert run.tags[ROCM_MAX_JOBS_TAG] == str(MAX_JOBS)
 
-    # Exactly one bake, of vllm-wheel only, with the issue's argv and environment.
-    [record] = docker_shim_record.records()
-    metadata_file = record["argv"][8]
-    assert record["argv"] == [
-        "buildx", "bake", "-f", str(SHIPPED_BAKE_FILE), "--builder", "builder-a", "--push",
-        "--metadata-file", metadata_file, "--progress=plain",
-        "--set", f"vllm-wheel.args.BUILDKIT_BUILD_NAME={build_name('vllm-wheel', run_id)}",
-        "--set", f"vllm-wheel.args.MAX_JOBS={MAX_JOBS}",
-        "--", "vllm-wheel",
-    ]  # fmt: skip
-    assert Path(metadata_file).is_absolute()
-    assert record["env"] == {"PUBLISHED_INPUTS": "1", "GPU_ARCH": ARCH, "RUN_ID": run_id, **passed}
-    assert record["cwd"] == str(PROJECT_ROOT)
-    assert not (PROJECT_ROOT / "pwned").exists()
-    written = record["metadata"]["vllm-wheel"]
+    # Exactly one build on the node: this target's, named for the run, with nothing linked in.
+    [record] = [r for r in builders.history(E2E_BUILDER) if r.ref not in before]
+    assert (record.name, record.status) == (build_name(SETTINGS_TARGET, run_id), "Completed")
+    assert named_contexts(builders, record) == []
+    # Every value reached the build literally: the input as its registry reference, MAX_JOBS
+    # and RUN_ID from the run, and the caller's pass-through settings.
+    assert build_args(builders, record) == {
+        "BUILDKIT_BUILD_NAME": record.name,
+        "LIB_IMAGE": needed.ref,
+        "RUN_ID": run_id,
+        "MAX_JOBS": str(MAX_JOBS),
+        "HOLD_S": "0",
+        **PASSED,
+    }
+    assert not (PROJECT_ROOT / "pwned").exists() and not (bake_file.parent / "pwned").exists()
+    # The input was read, not rebuilt or pushed again.
+    assert registry_server.digest(needed.ref) == input_digest
 
-    # The materialization carries what the stand-in reported.
-    assert set(found) == {"vllm-wheel"}
-    materialization = found["vllm-wheel"]
+    assert set(found) == {SETTINGS_TARGET}
+    materialization = found[SETTINGS_TARGET]
     assert materialization.partition == ARCH
     metadata = {k: v.value for k, v in materialization.metadata.items()}
-    assert metadata["history_ref"] == written["buildx.build.ref"]
-    assert metadata["history_name"] == build_name("vllm-wheel", run_id)
-    assert metadata["digest"] == written["containerimage.digest"]
-    assert materialization.tags["dagster/data_version"] == written["containerimage.digest"]
-    assert metadata["tags"] == written["image.name"].split(",")
-    assert metadata["tags"] == list(load_graph(SHIPPED_BAKE_FILE, env).tags("vllm-wheel", ARCH))
-    assert (metadata["node"], metadata["builder"]) == (NODE, "builder-a")
+    assert metadata["history_ref"] == record.ref
+    assert metadata["history_name"] == record.name
+    tags = list(load_graph(bake_file, {**env, "RUN_ID": run_id}).tags(SETTINGS_TARGET, ARCH))
+    assert metadata["tags"] == tags == [f"{farm.registry_var}/e2e/{SETTINGS_TARGET}:{ARCH}"]
+    # The digest, and the data version, are what the registry holds for the pushed tag.
+    assert metadata["digest"] == registry_server.digest(tags[0])
+    assert materialization.tags["dagster/data_version"] == metadata["digest"]
+    labels = registry_server.image_config(tags[0])["config"]["Labels"]
+    assert labels["org.rocm.e2e.run-id"] == run_id
+    assert (metadata["node"], metadata["builder"]) == (NODE, E2E_BUILDER)
     assert (metadata["max_jobs"], metadata["run_id"]) == (MAX_JOBS, run_id)
     assert metadata["started_at"] <= metadata["finished_at"]
-    # The command is copyable: a shell splits it into the farm's settings and the exact argv.
+    # The command is copyable: a shell splits it into the farm's settings and the exact argv,
+    # which reaches the node through its docker context.
     words = shlex.split(metadata["command"])
-    assert words[-len(record["argv"]) - 1 :] == ["docker", *record["argv"]]
-    assert dict(w.split("=", 1) for w in words[: -len(record["argv"]) - 1]) == {
-        **record["env"],
+    argv = words[words.index("docker") :]
+    metadata_file = argv[9]
+    assert Path(metadata_file).is_absolute()
+    assert argv == [
+        "docker", "buildx", "bake", "-f", str(bake_file), "--builder", E2E_BUILDER, "--push",
+        "--metadata-file", metadata_file, "--progress=plain",
+        "--set", f"{SETTINGS_TARGET}.args.BUILDKIT_BUILD_NAME={record.name}",
+        "--set", f"{SETTINGS_TARGET}.args.MAX_JOBS={MAX_JOBS}",
+        "--", SETTINGS_TARGET,
+    ]  # fmt: skip
+    assert dict(w.split("=", 1) for w in words[: words.index("docker")]) == {
+        "PUBLISHED_INPUTS": "1",
+        "GPU_ARCH": ARCH,
+        "RUN_ID": run_id,
+        "DOCKER_CONTEXT": E2E_BUILDER,
         "REGISTRY": farm.registry_var,
+        **PASSED,
     }
 
 
-# ##### END TO END WITH REAL BUILDS
+# ##### THE CHAIN, ONE BAKE PER ASSET
 
 
-def e2e_farm(docker_shim: DockerShim, registry: RegistryServer, tmp_path: Path) -> Farm:
-    return make_farm(
-        docker_shim.env, tmp_path, registry, builder=SHIM_BUILDER, bake_file=E2E_BAKE_FILE
-    )
-
-
-def assert_chain_published(
-    instance: dg.DagsterInstance, run_id: str, farm: Farm, state_dir: Path
-) -> None:
-    """Each target baked once, in dependency order, one at a time; its digest is the registry's."""
+def assert_chain_published(instance: dg.DagsterInstance, run_id: str, farm: Farm) -> None:
+    """Each target baked once, from its inputs in the registry, in dependency order, one at a
+    time on the node; its digest is the registry's."""
     found = materializations(instance, run_id)
     assert set(found) == set(E2E_TARGETS), run_log(instance, run_id)
     # Bake evaluates the tags with the run's id; so does this check.
     graph = load_graph(E2E_BAKE_FILE, {**farm.env, "RUN_ID": run_id})
-    history = shim_history(state_dir)
+    records = records_of_run(farm.builders, run_id)
+    assert set(records) == {build_name(t, run_id) for t in E2E_TARGETS}
     log = run_log(instance, run_id)
     for target, materialization in found.items():
         metadata = {k: v.value for k, v in materialization.metadata.items()}
         digest = metadata["digest"]
         assert materialization.tags["dagster/data_version"] == digest
         assert materialization.partition == (None if target == "tool-wheel" else ARCH)
-        assert (metadata["node"], metadata["builder"]) == (NODE, SHIM_BUILDER)
+        assert (metadata["node"], metadata["builder"]) == (NODE, E2E_BUILDER)
         assert metadata["tags"] == list(graph.tags(target, ARCH))
         assert all(t.startswith(f"{farm.registry_var}/e2e/") for t in metadata["tags"])
         for tag in metadata["tags"]:
-            assert farm.digest(tag) == digest, tag
+            assert farm.registry.digest(tag) == digest, tag
         # BuildKit's own output reached the run log.
         assert f"naming to {metadata['tags'][0]}" in log
-        record = history[build_name(target, run_id)]
-        assert (record["status"], record["ref"]) == ("Completed", metadata["history_ref"])
-    ordered = sorted(history.values(), key=lambda r: r["created_at"])
-    # Never two builds at once on the node: each starts after the previous one completed.
-    for before, after in pairwise(ordered):
-        assert before["completed_at"] <= after["created_at"]
-    position = {r["name"]: i for i, r in enumerate(ordered)}
+        record = records[build_name(target, run_id)]
+        assert (record.status, record.ref) == ("Completed", metadata["history_ref"])
+        # Its own bake: inputs as registry references, never a target: context rebuilt here.
+        assert named_contexts(farm.builders, record) == []
+    args = build_args(farm.builders, records[build_name("lib", run_id)])
+    assert args["BASE_IMAGE"] == graph.tags("base", ARCH)[0]
+    assert args["TOOL_IMAGE"] == graph.tags("tool-wheel", ARCH)[0]
+    # Never two builds at once on the node, as its own history shows.
+    assert farm.builders.overlaps(BUILD_PREFIX, set(records)) == []
     for target, deps in E2E_DEPS.items():
+        started, _ = record_span(records[build_name(target, run_id)])
         for dep in deps:
-            assert position[build_name(dep, run_id)] < position[build_name(target, run_id)]
+            _, ended = record_span(records[build_name(dep, run_id)])
+            assert ended <= started, f"{target} started before {dep} ended"
 
 
-@pytest.mark.real
 def test_e2e_chain_through_the_cli(
-    docker_shim: DockerShim, registry_server: RegistryServer, tmp_path: Path
+    builders: Builders, registry_server: RegistryServer, tmp_path: Path
 ) -> None:
-    farm = e2e_farm(docker_shim, registry_server, tmp_path)
+    farm = make_farm(builders, tmp_path, registry_server)
     done = materialize_cli(farm.env, "--select", ",".join(E2E_TARGETS), "--partition", ARCH)
     assert done.returncode == 0, done.stdout + done.stderr
     with open_instance(farm.home) as instance:
         [run] = instance.get_runs()
         assert run.status == dg.DagsterRunStatus.SUCCESS, run_log(instance, run.run_id)
         assert run.tags[ROCM_NODE_TAG] == NODE
-        assert_chain_published(instance, run.run_id, farm, docker_shim.state_dir)
+        assert_chain_published(instance, run.run_id, farm)
 
 
-@pytest.mark.real
 def test_e2e_chain_through_a_queued_run(
-    docker_shim: DockerShim,
+    builders: Builders,
     registry_server: RegistryServer,
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    farm = e2e_farm(docker_shim, registry_server, tmp_path)
+    farm = make_farm(builders, tmp_path, registry_server)
     with queued_instance(farm, monkeypatch) as (instance, workspace):
         # The bake file's default group, as the UI's job launchpad would submit it.
         run_id = submit_run(instance, workspace, "default", {"dagster/partition": ARCH})
@@ -465,15 +492,14 @@ def test_e2e_chain_through_a_queued_run(
         run = wait_for_end(instance, run_id)
         assert run.status == dg.DagsterRunStatus.SUCCESS, run_log(instance, run_id)
         assert run.tags[ROCM_NODE_TAG] == NODE
-        assert_chain_published(instance, run_id, farm, docker_shim.state_dir)
+        assert_chain_published(instance, run_id, farm)
 
 
-@pytest.mark.real
-def test_failing_build_fails_its_step_and_pushes_nothing(
-    docker_shim: DockerShim, registry_server: RegistryServer, tmp_path: Path
+def test_failing_build_fails_its_step_with_bakes_reason_and_pushes_nothing(
+    builders: Builders, registry_server: RegistryServer, tmp_path: Path
 ) -> None:
-    farm = e2e_farm(docker_shim, registry_server, tmp_path)
-    # FAIL is a bake variable: non-empty makes tool-wheel's COPY name a missing file.
+    farm = make_farm(builders, tmp_path, registry_server)
+    # FAIL is a bake variable: non-empty makes tool-wheel's RUN step exit 1.
     done = materialize_cli({**farm.env, "FAIL": "1"}, "--select", "tool-wheel")
     assert done.returncode != 0
     with open_instance(farm.home) as instance:
@@ -487,65 +513,71 @@ def test_failing_build_fails_its_step_and_pushes_nothing(
     user_failure = event.step_failure_data.user_failure_data
     assert user_failure is not None
     metadata = {k: v.value for k, v in user_failure.metadata.items()}
-    record = shim_history(docker_shim.state_dir)[build_name("tool-wheel", run.run_id)]
-    assert record["status"] == "Error"
-    assert metadata["history_ref"] == record["ref"]
-    assert f"failed (exit 1); history ref {record['ref']}" in (user_failure.description or "")
-    # The log tail names the failing step: the file FAIL asked for.
-    assert "tool.txt.missing" in metadata["log_tail"]
-    assert farm.digest(f"{farm.registry_var}/e2e/tool-wheel:1.0") is None
+    # BuildKit recorded the build as failed; the failure points at that record.
+    record = records_of_run(builders, run.run_id)[build_name("tool-wheel", run.run_id)]
+    assert record.status == "Error"
+    assert metadata["history_ref"] == record.ref
+    error = (
+        'ERROR: failed to solve: process "/bin/busybox sh -c sleep \\"$HOLD_S\\" && test -z '
+        '\\"$FAIL\\"" did not complete successfully: exit code: 1'
+    )
+    assert user_failure.description == (
+        f"tool-wheel ({ARCH}) on {NODE}: bake of tool-wheel for {ARCH} on builder {E2E_BUILDER} "
+        f"failed (exit 1): {error}; history ref {record.ref} (docker buildx history logs "
+        f"{record.ref.rsplit('/', 1)[1]})"
+    )
+    # The log tail ends with bake's reason, naming the step that failed.
+    assert error in metadata["log_tail"]
+    assert registry_server.digest(f"{farm.registry_var}/e2e/tool-wheel:1.0") is None
 
 
 # ##### CANCELLATION
 
 
-@pytest.mark.real
-def test_cancelling_a_run_ends_its_bake(
-    docker_shim_record: RecordingShim,
+def test_cancelling_a_run_cancels_its_build_on_the_node(
+    builders: Builders,
     registry_server: RegistryServer,
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    farm = make_farm(
-        {**docker_shim_record.env, "ROCM_SHIM_RECORD_MODE": "hang"},
-        tmp_path,
-        registry_server,
-        builder=SHIM_BUILDER,
-        bake_file=E2E_BAKE_FILE,
-    )
-    history = docker_shim_record.state_dir / "history.jsonl"
+    farm = make_farm(builders, tmp_path, registry_server)
+    # Every build of the run holds the node far longer than the test waits.
+    farm.env["HOLD_S"] = CANCEL_HOLD_S
     with queued_instance(farm, monkeypatch) as (instance, workspace):
         run_id = submit_run(instance, workspace, "default", {"dagster/partition": ARCH})
         try:
             dequeue(instance, workspace, run_id)
-            deadline = time.monotonic() + HANG_GUARD_S
-            # The first bake prints a line, then hangs until signalled: the line reaches the
-            # run log while bake still runs, not when it ends.
-            while "recorded bake of" not in run_log(instance, run_id):
-                run = instance.get_run_by_id(run_id)
-                assert run is not None
-                assert not run.is_finished, run_log(instance, run_id)
-                assert time.monotonic() < deadline, "no bake output in the run log"
-                time.sleep(0.1)
-            [bake] = bake_processes(run_id)
-            assert "Running" in history.read_text()
+            # The first bake reaches its long RUN step; its output reaches the run log while
+            # bake still runs, not when it ends.
+            wait_until(
+                lambda: f'sleep "{CANCEL_HOLD_S}"' in run_log(instance, run_id),
+                "the held RUN step in the run log",
+                timeout_s=HANG_GUARD_S,
+            )
+            bakes = bake_processes(run_id)
+            assert bakes
+            [record] = records_of_run(builders, run_id).values()
+            assert record.status == "Running"
 
             assert instance.run_coordinator.cancel_run(run_id)
             run = wait_for_end(instance, run_id)
             assert run.status == dg.DagsterRunStatus.CANCELED, run_log(instance, run_id)
-            # The run ended only after its bake had: no build of it keeps the node busy.
-            assert not alive(bake)
+            # The run ended only after its bake had: no bake of it is left behind.
+            assert not any(alive(pid) for pid in bakes)
             assert bake_processes(run_id) == []
         finally:
-            # A failed check must not leave a hung bake behind.
+            # A failed check must not leave a held bake behind.
             for pid in bake_processes(run_id):
                 os.kill(pid, signal.SIGKILL)
 
-    # One bake started (the first root the executor took); the rest of the run never did.
-    [record] = docker_shim_record.records()
-    target = record["argv"][-1]
-    assert target in ("base", "tool-wheel")
-    assert record["env"]["RUN_ID"] == run_id
-    # bake got SIGTERM and ended its build itself, as buildx does when cancelled.
-    states = {n: r["status"] for n, r in shim_history(docker_shim_record.state_dir).items()}
-    assert states == {build_name(target, run_id): "Canceled"}
+    # One build started (the first root the executor took), and BuildKit ended it cancelled,
+    # well before its hold was over; the rest of the run never started.
+    wait_until(
+        lambda: builders.status(E2E_BUILDER, record.name) == "canceled",
+        f"the node to record {record.name} as cancelled",
+        timeout_s=HANG_GUARD_S,
+    )
+    [(name, ended)] = records_of_run(builders, run_id).items()
+    assert name in (build_name("base", run_id), build_name("tool-wheel", run_id))
+    started, finished = record_span(ended)
+    assert (finished - started).total_seconds() < float(CANCEL_HOLD_S)

@@ -4,22 +4,23 @@ Issue 11's stress test, on SQLite and on PostgreSQL: the real queued-run daemon 
 run`, with the placement coordinator and run monitoring), two `dagster job launch` requests of the
 e2e farm's default group (one per arch; each fans out into one run per build) and several
 `dagster asset materialize` runs (in-process, no queue) started at the same moment, with more
-builds than nodes. Each bake is held for a few seconds by the recording `docker` stand-in, which
-records the builder it held and when. Asserted: no two bakes overlap on one builder, every run
-ends SUCCESS, and each build of each request baked exactly once.
+builds than nodes: two builders, each a docker context of its own engine (two machines). Each
+build is a real bake that holds its node HOLD_S seconds (a busybox sleep). Asserted from the
+builders' own BuildKit history: no two bakes overlapped on one builder, and each build of each
+request baked exactly once, on the builder its run held; and every run ended SUCCESS.
 
-Real: the daemon, its code server and run workers, the Dagster CLIs, the instance's storage
-(SQLite files or PostgreSQL 15), Debian's docker-registry (preflight reads it). Stand-in: the
-`docker` shim in recording mode (no BuildKit: what is under test is placement, not building).
+Real, all of it: the daemon, its code server and run workers, the Dagster CLIs, the instance's
+storage (SQLite files or PostgreSQL 15), Debian's docker-registry (preflight reads it, bake pushes
+to it), two dockerd 26 engines and Debian's buildx 0.29 (`docker buildx bake`, `docker buildx
+history ls`). The in-process runs' inputs are built for real before the race (preflight checks
+them before such a run waits in line).
 """
 
-import itertools
 import json
 import os
 import signal
 import subprocess
 import sys
-from collections import Counter
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -30,19 +31,32 @@ import pytest
 import yaml
 from dagster._core.instance.ref import InstanceRef
 
-from rocm_assets.core.bake import load_graph
-from rocm_assets.core.constants import ROCM_BUILD_TAG, ROCM_FANOUT_OF_TAG, ROCM_FANOUT_TAG
-from rocm_assets.core.registry import parse_image_ref
+from rocm_assets.core.build import builder_env
+from rocm_assets.core.constants import (
+    ROCM_BUILD_TAG,
+    ROCM_BUILDER_TAG,
+    ROCM_FANOUT_OF_TAG,
+    ROCM_FANOUT_TAG,
+)
 from rocm_assets_tests.helpers import PROJECT_ROOT, wait_until
-from rocm_assets_tests.servers.dockerd import E2E_BAKE_FILE, SHIM_DIR
+from rocm_assets_tests.servers.dockerd import (
+    E2E_BAKE_FILE,
+    E2E_DIR,
+    Builders,
+    EnginePool,
+    make_builders,
+)
 from rocm_assets_tests.servers.registry import RegistryServer
 
 ARCHES = ("gfx942", "gfx1100")
 BUILDERS = ("b1", "b2")
-HOLD_S = 2.0
+HOLD_S = 2
+NAME_PREFIX = "rocm-pytorch-build/"
 # In-process requests, each a run of its own, racing the job launches for the same machines.
 IN_PROCESS = (("base", "gfx942"), ("tool-wheel", None), ("lib", "gfx1100"), ("app-wheel", "gfx942"))
 GUARD_S = 900.0
+# What the in-process runs read from the registry: built for real before the race.
+SEEDED = ("base", "tool-wheel", "lib")
 
 
 @dataclass(frozen=True)
@@ -50,7 +64,7 @@ class Farm:
     env: dict[str, str]
     home: Path
     workspace: Path
-    record_file: Path
+    builders: Builders
     logs: Path
 
 
@@ -85,7 +99,25 @@ def _write_home(home: Path, storage: dict | None) -> None:
     (home / "dagster.yaml").write_text(yaml.safe_dump(config))
 
 
-def _make_farm(root: Path, registry: RegistryServer, storage: dict | None) -> Farm:
+def _seed(env: dict[str, str]) -> None:
+    """Build and push SEEDED for every arch, for real, in one bake per arch on b1."""
+    for arch in ARCHES:
+        argv = ["docker", "buildx", "bake", "-f", str(E2E_BAKE_FILE), "--builder", BUILDERS[0]]
+        seeded = subprocess.run(
+            [*argv, "--push", "--progress=quiet", "--", *SEEDED],
+            cwd=E2E_DIR,
+            env={**builder_env(BUILDERS[0], env), "GPU_ARCH": arch, "HOLD_S": "0"},
+            capture_output=True,
+            text=True,
+            check=False,
+            timeout=300,
+        )
+        assert seeded.returncode == 0, seeded.stderr
+
+
+def _make_farm(
+    root: Path, registry: RegistryServer, storage: dict | None, builders: Builders
+) -> Farm:
     home = root / "home"
     _write_home(home, storage)
     fleet = root / "fleet.yaml"
@@ -97,11 +129,6 @@ def _make_farm(root: Path, registry: RegistryServer, storage: dict | None) -> Fa
         yaml.safe_dump({"nodes": nodes, "target_costs": {"reference": {"cores": 8, "mem_gb": 16}}})
     )
     registry_var = f"{registry.host}/{registry.new_repo('stress')}"
-    graph = load_graph(E2E_BAKE_FILE, {"REGISTRY": registry_var})
-    # Every input published up front: preflight passes, and what is under test is placement.
-    for ref in sorted({r for t in graph.asset_targets for a in ARCHES for r in graph.tags(t, a)}):
-        image = parse_image_ref(ref)
-        registry.push_image(image.repo, image.reference)
     workspace = root / "workspace.yaml"
     workspace.write_text(
         yaml.safe_dump(
@@ -120,25 +147,23 @@ def _make_farm(root: Path, registry: RegistryServer, storage: dict | None) -> Fa
     )
     env = {
         k: v
-        for k, v in os.environ.items()
+        for k, v in builders.env.items()
         if not k.startswith(("ROCM_", "DAGSTER_")) and k not in ("PUBLISHED_INPUTS", "GPU_ARCH")
     }
     env.update(
-        PATH=os.pathsep.join([str(SHIM_DIR), str(Path(sys.executable).parent), env["PATH"]]),
+        PATH=os.pathsep.join([str(Path(sys.executable).parent), env["PATH"]]),
         PYTHONPATH=os.pathsep.join(p for p in [str(PROJECT_ROOT), env.get("PYTHONPATH")] if p),
         DAGSTER_HOME=str(home),
         ROCM_BAKE_FILE=str(E2E_BAKE_FILE),
         ROCM_FLEET_FILE=str(fleet),
         ROCM_REGISTRY_URL=registry.url,
         REGISTRY=registry_var,
-        ROCM_SHIM_STATE=str(root / "shim-state"),
-        ROCM_SHIM_BUILDERS=",".join(BUILDERS),
-        ROCM_SHIM_RECORD=str(root / "bakes.jsonl"),
-        ROCM_SHIM_HOLD_S=str(HOLD_S),
+        HOLD_S=str(HOLD_S),
     )
+    _seed(env)
     logs = root / "logs"
     logs.mkdir()
-    return Farm(env, home, workspace, root / "bakes.jsonl", logs)
+    return Farm(env, home, workspace, builders, logs)
 
 
 def _start(farm: Farm, name: str, *argv: str) -> subprocess.Popen[bytes]:
@@ -175,12 +200,20 @@ def _logs(farm: Farm) -> str:
 
 @pytest.fixture(params=["sqlite", "postgres"])
 def farm(
-    request: pytest.FixtureRequest, tmp_path: Path, registry_server: RegistryServer
+    request: pytest.FixtureRequest,
+    tmp_path: Path,
+    registry_server: RegistryServer,
+    engines: EnginePool,
+    e2e_context: Path,
 ) -> Iterator[Farm]:
     storage = None
     if request.param == "postgres":
         storage = {"postgres": {"postgres_url": request.getfixturevalue("postgres_db")}}
-    farm = _make_farm(tmp_path, registry_server, storage)
+    # Two engines: the two builders are two machines.
+    builders = make_builders(
+        tmp_path / "docker-config", {b: engines.get(i) for i, b in enumerate(BUILDERS)}
+    )
+    farm = _make_farm(tmp_path, registry_server, storage, builders)
     # Create the storage before anything else opens it: SQLite's first migration is not safe
     # against processes initialising the same new files at once.
     with _instance(farm):
@@ -257,21 +290,19 @@ def test_no_two_builds_ever_share_a_machine(farm: Farm) -> None:
     assert failed == {}, _logs(farm)
     assert [p.returncode for p in submitters] == [0] * len(submitters), _logs(farm)
 
-    bakes = [json.loads(line) for line in farm.record_file.read_text().splitlines()]
-    # No two bakes overlap on one builder.
-    by_builder: dict[str, list[tuple[float, float, str]]] = {}
-    for bake in bakes:
-        by_builder.setdefault(bake["builder"], []).append(
-            (bake["started"], bake["ended"], bake["env"]["RUN_ID"])
-        )
-    assert set(by_builder) <= set(BUILDERS)
-    for builder, spans in by_builder.items():
-        spans.sort()
-        for (_, end, first), (start, _, second) in itertools.pairwise(spans):
-            assert start >= end, f"{builder}: {first[:8]} and {second[:8]} overlapped"
-    # Each build of each request baked exactly once: one bake per build run, of its build.
-    per_run = Counter(bake["env"]["RUN_ID"] for bake in bakes)
+    # Each build run baked exactly once, on the builder it held, and BuildKit completed it.
     build_runs = [r for r in runs if r.tags.get(ROCM_FANOUT_TAG) != "parent"]
-    assert {r.run_id: per_run[r.run_id] for r in build_runs} == {r.run_id: 1 for r in build_runs}
     assert len(build_runs) == 4 * len(ARCHES) + len(IN_PROCESS)
-    assert all(r.tags.get(ROCM_BUILD_TAG) for r in build_runs)
+    names: dict[str, str] = {}
+    for run in build_runs:
+        target, _, arch = run.tags[ROCM_BUILD_TAG].partition("@")
+        names[f"{NAME_PREFIX}{target}/{arch or 'noarch'}/{run.run_id}"] = run.tags[ROCM_BUILDER_TAG]
+    baked = [
+        (record.name, builder, record.status)
+        for builder in BUILDERS
+        for record in farm.builders.history(builder, NAME_PREFIX)
+        if record.name in names
+    ]
+    assert sorted(baked) == sorted((name, b, "Completed") for name, b in names.items())
+    # No two bakes overlapped on one builder, by the builders' own clocks.
+    assert farm.builders.overlaps(NAME_PREFIX, names) == []

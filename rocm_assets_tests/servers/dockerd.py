@@ -15,12 +15,13 @@ skip): `.ci/setup` installs them.
 
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
 import tempfile
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Collection, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
@@ -211,6 +212,12 @@ def _overlap(a: HistoryRecord, b: HistoryRecord) -> bool:
     return a0 < b1 and b0 < a1
 
 
+def record_span(record: HistoryRecord) -> tuple[datetime, datetime]:
+    """When a record's build started and ended (now, while it still runs)."""
+    ended = _time(record.completed_at) if record.completed_at else datetime.now().astimezone()
+    return _time(record.created_at), ended
+
+
 def _time(text: str) -> datetime:
     # BuildKit writes RFC 3339 with nanoseconds; Python reads microseconds.
     head, dot, rest = text.replace("Z", "+00:00").partition(".")
@@ -241,26 +248,34 @@ class Builders:
         records = self.history(builder, name)
         if not records:
             return None
+        return str(self.inspect(builder, records[0].ref).get("Status") or "").lower() or None
+
+    def inspect(self, builder: str, ref: str) -> dict:
+        """One record as BuildKit keeps it (real `docker buildx history inspect --format json`):
+        Name, Status, Dockerfile, BuildArgs and NamedContexts (lists of {Name, Value}), ...
+        `ref` is a full builder/node/ref or its last part."""
         out = subprocess.run(
-            ["docker", "buildx", "history", "inspect", "--builder", builder, records[0].ref.rsplit("/", 1)[-1],
+            ["docker", "buildx", "history", "inspect", "--builder", builder, ref.rsplit("/", 1)[-1],
              "--format", "json"],
             env=builder_env(builder, self.env),
             capture_output=True,
             text=True,
             check=True,
         )  # fmt: skip
-        return str(json.loads(out.stdout).get("Status") or "").lower() or None
+        return json.loads(out.stdout)
 
-    def overlaps(self, prefix: str) -> list[tuple[str, str, str]]:
-        """(engine, record, record) for every two records under `prefix` that ran at once on one
-        engine; builders sharing an engine are one machine."""
+    def overlaps(
+        self, prefix: str, names: Collection[str] | None = None
+    ) -> list[tuple[str, str, str]]:
+        """(engine, record, record) for every two records under `prefix` (and among `names`, if
+        given) that ran at once on one engine; builders sharing an engine are one machine."""
         found = []
         seen: set[str] = set()
         for builder, engine in self.engines.items():
             if engine.host in seen:
                 continue
             seen.add(engine.host)
-            records = self.history(builder, prefix)
+            records = [r for r in self.history(builder, prefix) if names is None or r.name in names]
             for i, a in enumerate(records):
                 found.extend((builder, a.name, b.name) for b in records[i + 1 :] if _overlap(a, b))
         return found
@@ -321,6 +336,26 @@ def place_busybox(context_dir: Path) -> None:
     os.close(fd)
     shutil.copy2(BUSYBOX, tmp)
     os.replace(tmp, target)
+
+
+def copy_e2e(dest: Path, *, arches: Sequence[str] | None = None, extra: str = "") -> Path:
+    """The e2e farm copied into `dest` (busybox included), its GPU_ARCHES replaced by `arches` and
+    `extra` (more targets, variables) appended; returns the copy's bake file."""
+    dest.mkdir(parents=True, exist_ok=True)
+    for source in E2E_DIR.iterdir():
+        if source.is_file() and source.name != "busybox" and not source.name.startswith("."):
+            shutil.copy2(source, dest / source.name)
+    place_busybox(dest)
+    bake_file = dest / E2E_BAKE_FILE.name
+    text = bake_file.read_text()
+    if arches is not None:
+        listed = ", ".join(json.dumps(a) for a in arches)
+        text, count = re.subn(
+            r'(variable "GPU_ARCHES" \{\s*default = )\[[^\]]*\]', rf"\g<1>[{listed}]", text
+        )
+        assert count == 1, f"no GPU_ARCHES variable in {E2E_BAKE_FILE}"
+    bake_file.write_text(text + extra)
+    return bake_file
 
 
 @pytest.fixture(scope="session")
