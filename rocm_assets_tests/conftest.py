@@ -11,6 +11,7 @@ pytest_plugins = [
     "rocm_assets_tests.servers.hostile_registry",
     "rocm_assets_tests.servers.sshd",
     "rocm_assets_tests.servers.dockerd",
+    "rocm_assets_tests.servers.netns",
     "rocm_assets_tests.servers.postgres",
     "rocm_assets_tests.helpers.instance",
 ]
