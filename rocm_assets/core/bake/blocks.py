@@ -2,14 +2,19 @@
 
 A target block with `matrix = {k = [...]}` and `name = "..."` becomes one target per
 combination of the matrix values, named by `name` (evaluated with the combination in scope); its
-label then names a group of those targets, as bake's ParseMeta.Renamed does. Blocks that end up
-with the same name merge attribute by attribute, later blocks winning, as in bake.
+label then names a group of those targets, as bake's ParseMeta.Renamed does (no group when the
+matrix makes no target). Each block is decoded into bake's Target fields (`fields`), and blocks
+and inherited targets merge as bake's Target.Merge does: some fields replace, some append, maps
+merge by key; each resolved target is then normalised (lists deduplicated, empty contexts
+dropped). A cycle in `inherits` is skipped, as bake skips it.
 """
 
 import itertools
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from rocm_assets.core.bake import fields
+from rocm_assets.core.bake.errors import Unfollowed
 from rocm_assets.core.bake.limits import MAX_COLLECTION, check_length, quote
 from rocm_assets.core.bake.names import label_problem
 from rocm_assets.core.bake.parse import Block
@@ -19,11 +24,6 @@ if TYPE_CHECKING:
     from rocm_assets.core.bake.evaluate import Evaluation
 
 Value = Any
-
-# Bake's Target.Merge: these keys merge by key across `inherits`; the rest are replaced.
-_MERGED_KEYS = frozenset({"args", "labels", "contexts", "annotations", "extra-hosts"})
-# Attributes that shape the expansion rather than the target.
-_META_KEYS = frozenset({"matrix", "name"})
 
 
 @dataclass(frozen=True)
@@ -62,15 +62,12 @@ def expand(ev: "Evaluation") -> Expansion:
                     )
                 names.append(name)
                 targets.setdefault(name, []).append(TargetPart(block, scope))
-            if names != [label]:
+            if names and names != [label]:
                 members, _ = renamed.setdefault(label, ([], block.line))
                 members.extend(n for n in names if n not in members)
-    for label, (_, line) in renamed.items():
+    for label in renamed:
         if label in ev.bake.groups:
-            raise ev.error(
-                f"matrix target {quote(label)} becomes a group, but a group block has that name",
-                line=line,
-            )
+            raise Unfollowed(f"matrix target {label!r} and a group block share a name")
     return Expansion(targets, renamed)
 
 
@@ -79,13 +76,15 @@ def _combinations(ev: "Evaluation", block: Block) -> list[dict[str, Value]]:
     matrix = ev.expr(rule.expression, {})
     if not isinstance(matrix, dict):
         raise ev.error(
-            f"target {quote(block.name)}: matrix must be an object, not a {type_name(matrix)}", rule
+            f"target {quote(block.name)}: matrix must be a map, not a {type_name(matrix)}", rule
         )
     keys = sorted(matrix)
     for key in keys:
+        if isinstance(matrix[key], dict):
+            raise Unfollowed(f"target {block.name!r}: a matrix over an object's values")
         if not isinstance(matrix[key], list):
             raise ev.error(
-                f"target {quote(block.name)}: matrix values must be lists ({quote(key)} is not)",
+                f"target {quote(block.name)}: matrix values must be a list ({quote(key)} is not)",
                 rule,
             )
     count = 1
@@ -115,69 +114,81 @@ def _name(ev: "Evaluation", block: Block, scope: dict[str, Value]) -> str:
     return name
 
 
-def target(ev: "Evaluation", name: str, chain: tuple[str, ...] = ()) -> dict[str, Value]:
-    """A target's attributes after `inherits`, merged as bake's Target.Merge does."""
+def own(ev: "Evaluation", name: str) -> dict[str, Value]:
+    """A target's own blocks, decoded and merged in file order (its inherits list too)."""
+    if name in ev.owned:
+        return ev.owned[name]
     parts = ev.expansion.targets.get(name)
     if not parts:
-        where = f" (inherited by {quote(chain[-1])})" if chain else ""
-        raise ev.error(f"no target named {quote(name)}{where}")
-    if name in chain:
-        raise ev.error(f"inherits cycle: {' -> '.join([*chain, name])}", line=parts[0].block.line)
-    own: dict[str, Value] = {}
-    for part in parts:
-        for attr, rule in part.block.attrs.items():
-            if attr not in _META_KEYS:
-                _merge(own, attr, ev.expr(rule.expression, part.scope))
+        raise ev.error(f"failed to find target {quote(name)}")
     merged: dict[str, Value] = {}
-    inherits = own.pop("inherits", None) or []
-    if not isinstance(inherits, list):
-        raise ev.error(f"target {quote(name)}: inherits must be a list", line=parts[0].block.line)
-    with ev.nested(line=parts[0].block.line):
-        for parent in inherits:
-            for attr, value in target(ev, to_string(parent), (*chain, name)).items():
-                _merge(merged, attr, value)
-    for attr, value in own.items():
-        _merge(merged, attr, value)
+    for part in parts:
+        decoded: dict[str, Value] = {}
+        for attr, rule in part.block.attrs.items():
+            if attr in fields.KNOWN:
+                value = ev.expr(rule.expression, part.scope)
+                decoded[attr] = fields.decode(ev, name, attr, value, rule)
+        fields.merge(merged, decoded)
+    ev.owned[name] = merged
     return merged
 
 
-def _merge(into: dict[str, Value], attr: str, value: Value) -> None:
-    if attr in _MERGED_KEYS and isinstance(value, dict) and isinstance(into.get(attr), dict):
-        into[attr] = {**into[attr], **{k: v for k, v in value.items() if v is not None}}
-    else:
-        into[attr] = value
+def target(
+    ev: "Evaluation", name: str, visited: dict[str, dict[str, Value] | None] | None = None
+) -> dict[str, Value] | None:
+    """bake's Config.target: the parents merged, then the target's own fields, normalised.
+
+    `visited` is one resolution's memo; a target met again while it resolves is skipped (None).
+    """
+    visited = {} if visited is None else visited
+    if name in visited:
+        return visited[name]
+    visited[name] = None
+    mine = own(ev, name)
+    inherited: dict[str, Value] = {}
+    with ev.nested(line=ev.expansion.targets[name][0].block.line):
+        for parent in mine.get("inherits") or []:
+            resolved = target(ev, parent, visited)
+            if resolved is not None:
+                fields.merge(inherited, resolved)
+    result: dict[str, Value] = {}
+    fields.merge(result, inherited)
+    fields.merge(result, mine)
+    fields.normalize(result)
+    visited[name] = result
+    return result
 
 
 def target_attr(ev: "Evaluation", name: str, attr: str, rule: Any) -> Value:
-    """`target.<name>.<attr>`: the attribute as written in that target's own blocks; null if unset.
-
-    `target.<name>.name` is the name itself, as in bake.
-    """
+    """`target.<name>.<attr>`: the attribute as the target's block decodes it; null if unset."""
     parts = ev.expansion.targets.get(name)
     if not parts:
         raise ev.error(f"target.{name}.{attr}: no target named {quote(name)}", rule)
     if attr == "name":
         return name
-    found = [p for p in parts if attr in p.block.attrs]
-    if not found:
+    if len(parts) > 1:
+        raise Unfollowed(f"target.{name}.{attr} of a target with several blocks")
+    part = parts[0]
+    if attr not in part.block.attrs:
+        if attr not in fields.REFERABLE:
+            raise Unfollowed(f"target.{name}.{attr}")
         return None
-    part = found[-1]
     with ev.nested(rule):
-        return ev.expr(part.block.attrs[attr].expression, part.scope)
+        value = ev.expr(part.block.attrs[attr].expression, part.scope)
+    return fields.referable(ev, name, attr, value, part.block.attrs[attr])
 
 
 def group(ev: "Evaluation", name: str) -> list[str]:
-    """A group's members as written (targets or groups), matrix labels included."""
+    """A group's members as written (targets or groups), matrix labels included; the last
+    block of a name is the group, as in bake."""
     if name in ev.expansion.groups:
         return list(ev.expansion.groups[name][0])
-    members: list[str] = []
-    for block in ev.bake.groups[name]:
-        rule = block.attrs.get("targets")
-        value = ev.expr(rule.expression, {}) if rule else []
-        if not isinstance(value, list):
-            raise ev.error(f"group {quote(name)}: targets must be a list", rule)
-        members.extend(to_string(v) for v in value)
-    return members
+    block = ev.bake.groups[name][-1]
+    rule = block.attrs.get("targets")
+    value = ev.expr(rule.expression, {}) if rule else []
+    if not isinstance(value, list):
+        raise ev.error(f"group {quote(name)}: targets must be a list", rule)
+    return list(dict.fromkeys(to_string(v) for v in value))
 
 
 def group_names(ev: "Evaluation") -> list[str]:

@@ -37,6 +37,27 @@ class NeedsBuildx(BakeError):
         )
 
 
+class UnreadableSyntax(NeedsBuildx):
+    """A line python-hcl2 cannot parse. Its grammar is narrower than HCL's (it has no `!!x`),
+    so this is a refusal too: bake may accept the line."""
+
+    def __init__(self, reason: str, *, path: Path | str | None = None, line: int | None = None):
+        self.construct = reason
+        BakeError.__init__(
+            self,
+            f"{reason} (if docker buildx accepts this line, the builtin reader cannot: install "
+            "docker buildx to resolve this file)",
+            path=path,
+            line=line,
+        )
+
+
+class Unfollowed(Exception):
+    """Raised deep in an evaluation where bake's answer is not followed exactly (an infinity,
+    a float64 function, a construct the buildx releases read differently); the evaluator turns
+    it into NeedsBuildx at the line being evaluated. The message names the construct."""
+
+
 class BakeLimitError(BakeError):
     """A file that asks for more work than the evaluator allows; `try()` does not swallow it."""
 
@@ -52,6 +73,8 @@ def boundary(path: Path) -> Iterator[None]:
         yield
     except BakeError:
         raise
+    except Unfollowed as exc:
+        raise NeedsBuildx(str(exc), path=path) from exc
     except RecursionError as exc:
         raise BakeError("nesting too deep to evaluate (Python's stack)", path=path) from exc
     except Exception as exc:

@@ -8,18 +8,18 @@ for expressions, indexing, splats and `target.<name>.<attr>` references. Targets
 matrices are in `blocks`.
 
 Every evaluation runs on a `Budget` (see `limits`): nesting, steps, string and collection sizes
-are bounded, and any error is a one-line BakeError naming the file and line.
+are bounded, and any error is a one-line BakeError naming the file and line. What it does not
+follow exactly as bake does (`errors.Unfollowed`, raised deep inside) becomes NeedsBuildx at the
+line being evaluated: the evaluator refuses rather than guess. Numbers are go-cty's (`ctynum`).
 """
 
 import contextlib
 import functools
-import inspect
-import operator
+import platform
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any, ClassVar
 
 from hcl2.rules import (
-    base as B,
     containers as C,
     directives as D,
     expressions as E,
@@ -30,40 +30,19 @@ from hcl2.rules import (
     strings as S,
 )
 
-from rocm_assets.core.bake import blocks, templates
-from rocm_assets.core.bake.errors import BakeError, BakeLimitError
-from rocm_assets.core.bake.functions import FUNCTIONS, UNSUPPORTED
+from rocm_assets.core.bake import blocks, calls, ctynum, operators, templates, variables
+from rocm_assets.core.bake.errors import BakeError, BakeLimitError, NeedsBuildx, Unfollowed
 from rocm_assets.core.bake.limits import MAX_DEPTH, Budget, LimitError, quote
-from rocm_assets.core.bake.parse import BakeFile, Block, line_of
-from rocm_assets.core.bake.values import (
-    PARSE_BOOL_FALSE,
-    PARSE_BOOL_TRUE,
-    equal,
-    number,
-    parse_number,
-    to_bool,
-    to_int,
-    to_number,
-    to_string,
-    type_name,
-)
+from rocm_assets.core.bake.parse import BakeFile, line_of
+from rocm_assets.core.bake.values import CtySet, iteration, to_bool, to_int, to_string, type_name
 
 Value = Any
 
-_BUILTINS = {"BAKE_CMD_CONTEXT": "cwd://", "BAKE_LOCAL_PLATFORM": "linux/amd64"}
+# What BAKE_LOCAL_PLATFORM is on this machine (containerd's platforms.DefaultString).
+_PLATFORMS = {"x86_64": "linux/amd64", "amd64": "linux/amd64", "aarch64": "linux/arm64"}
 # What Python raises for a bad operand deep in an operation: turned into a BakeError with the
 # line of the expression that caused it.
 _OPERAND_ERRORS = (ValueError, TypeError, ArithmeticError, LookupError)
-
-
-def _arity(fn: Callable[..., Any]) -> inspect.Signature | None:
-    try:
-        return inspect.signature(fn)
-    except (TypeError, ValueError):
-        return None
-
-
-_SIGNATURES = {name: _arity(fn) for name, fn in FUNCTIONS.items()}
 
 
 class Evaluation:
@@ -76,12 +55,21 @@ class Evaluation:
         self.depth = 0
         self._values: dict[str, Value] = {}
         self._stack: list[str] = []
-        self._calls: list[str] = []
+        self.calls: list[str] = []
+        # id(template rule) -> (the rule, its compiled parts): see templates._compile.
+        self.templates: dict[int, tuple[Any, list]] = {}
+        # target name -> its own blocks decoded and merged (see blocks.own); never mutated.
+        self.owned: dict[str, dict[str, Value]] = {}
 
     # ---- errors and bounds ----
     def error(self, message: str, rule: Any = None, line: int | None = None) -> BakeError:
         return BakeError(
             message, path=self.bake.path, line=line or (line_of(rule) if rule else None)
+        )
+
+    def refusal(self, exc: Unfollowed, rule: Any = None, line: int | None = None) -> NeedsBuildx:
+        return NeedsBuildx(
+            str(exc), path=self.bake.path, line=line or (line_of(rule) if rule else None)
         )
 
     @contextlib.contextmanager
@@ -116,6 +104,12 @@ class Evaluation:
             return self.budget.built(value)
 
     # ---- named values ----
+    @functools.cached_property
+    def builtins(self) -> dict[str, str]:
+        """bake's own variables; they cannot be overridden."""
+        local = _PLATFORMS.get(platform.machine())
+        return {"BAKE_CMD_CONTEXT": "cwd://", **({"BAKE_LOCAL_PLATFORM": local} if local else {})}
+
     def names(self) -> list[str]:
         return list(dict.fromkeys([*self.bake.variables, *self.bake.attrs]))
 
@@ -127,12 +121,22 @@ class Evaluation:
             raise self.error(f"variable cycle: {cycle}", rule)
         self._stack.append(name)
         try:
-            if name in self.bake.variables:
-                result = self._variable(self.bake.variables[name])
+            if name in self.builtins:
+                result: Value = self.builtins[name]
+            elif name == "BAKE_LOCAL_PLATFORM":
+                raise Unfollowed(f"BAKE_LOCAL_PLATFORM on a {platform.machine()} machine")
+            elif name in self.bake.variables:
+                block = self.bake.variables[name]
+                try:
+                    result = variables.value(self, block)
+                except Unfollowed as exc:
+                    raise self.refusal(exc, line=block.line) from None
+                except ValueError as exc:
+                    raise self.error(quote(str(exc), 200)[1:-1], line=block.line) from None
+                with self.limits(line=block.line):
+                    self.budget.built(result)
             elif name in self.bake.attrs:
                 result = self.expr(self.bake.attrs[name].expression, {})
-            elif name in _BUILTINS:
-                result = _BUILTINS[name]
             else:
                 raise self.error(
                     f"unknown variable {quote(name)}: no variable block or top-level attribute "
@@ -144,74 +148,12 @@ class Evaluation:
         self._values[name] = result
         return result
 
-    def _variable(self, block: Block) -> Value:
-        # As bake's resolveValue: a top-level attribute of the same name replaces the default;
-        # the environment overrides either.
-        attr = self.bake.attrs.get(block.name)
-        default_rule = attr or block.attrs.get("default")
-        type_rule = block.attrs.get("type")
-        default = self.expr(default_rule.expression, {}) if default_rule else None
-        declared = self._declared_type(type_rule) if type_rule else None
-        if block.name in self.env:
-            raw = self.env[block.name]
-            kind = declared or (type_name(default) if default is not None else "string")
-            typed = self._typed(block, raw, kind)
-            with self.limits(line=block.line):
-                return self.budget.built(typed)
-        if default_rule is None:
-            # bake: an untyped variable without default is "", a typed one null.
-            return None if declared else ""
-        return default
-
-    def _declared_type(self, rule: B.AttributeRule) -> str:
-        text = rule.expression.serialize()
-        text = text[2:-1] if isinstance(text, str) and text.startswith("${") else str(text)
-        return text.split("(", 1)[0].strip()
-
-    def _typed(self, block: Block, raw: str, kind: str) -> Value:
-        """Convert an env override the way bake's convertPrimitive does."""
-        if kind == "bool":
-            if raw in PARSE_BOOL_TRUE:
-                return True
-            if raw in PARSE_BOOL_FALSE:
-                return False
-            raise self.error(f"failed to parse {block.name} as bool: {quote(raw)}", line=block.line)
-        if kind == "number":
-            try:
-                return parse_number(raw)
-            except ValueError:
-                raise self.error(
-                    f"failed to parse {block.name} as number: {quote(raw)}", line=block.line
-                ) from None
-        if kind in ("list", "set", "tuple"):
-            return [item for item in raw.split(",") if item] if raw else []
-        if kind in ("string", "any"):
-            return raw
-        raise self.error(
-            f"variable {block.name}: an env override of a {kind} needs an explicit type",
-            line=block.line,
-        )
-
     def validate(self) -> None:
         """Run every variable's validation blocks, as bake does once all values are known."""
-        for block in self.bake.variables.values():
-            for rule in block.blocks:
-                attrs = {
-                    c.identifier.serialize(): c
-                    for c in rule.body.children
-                    if isinstance(c, B.AttributeRule)
-                }
-                condition = attrs.get("condition")
-                if condition is None:
-                    raise self.error(f"variable {block.name}: validation has no condition", rule)
-                if not self.truth(self.expr(condition.expression, {}), condition):
-                    message = attrs.get("error_message")
-                    text = (
-                        to_string(self.expr(message.expression, {}))
-                        if message
-                        else "validation failed"
-                    )
-                    raise self.error(f"variable {block.name}: {quote(text, 200)[1:-1]}", condition)
+        try:
+            variables.validate(self)
+        except Unfollowed as exc:
+            raise self.refusal(exc) from None
 
     # ---- targets (see blocks) ----
     @functools.cached_property
@@ -246,44 +188,44 @@ class Evaluation:
             self.budget.spend()
             kind = self._KINDS.get(type(rule))
             if kind is None:
-                raise self.error(f"unsupported expression {type(rule).__name__}", rule)
+                raise Unfollowed(f"the expression {type(rule).__name__}")
             return kind(self, rule, scope)
         except LimitError as exc:
             raise BakeLimitError(str(exc), path=self.bake.path, line=line_of(rule)) from None
+        except Unfollowed as exc:
+            raise self.refusal(exc, rule) from None
         except _OPERAND_ERRORS as exc:
             raise self.error(quote(str(exc), 200)[1:-1], rule) from None
         finally:
             self.depth -= 1
 
     def _conditional(self, rule: E.ConditionalRule, scope: Mapping[str, Value]) -> Value:
-        condition = self.truth(self.expr(rule.condition, scope), rule)
-        return self.expr(rule.if_true if condition else rule.if_false, scope)
+        return operators.conditional(self, rule, scope)
 
     def _unary(self, rule: E.UnaryOpRule, scope: Mapping[str, Value]) -> Value:
-        value = self.expr(rule.expr_term, scope)
-        if str(rule.operator) == "!":
-            return not self.truth(value, rule)
-        return number(-to_number(value))
+        return operators.unary(self, rule, scope)
+
+    def _binary(self, rule: E.BinaryOpRule, scope: Mapping[str, Value]) -> Value:
+        return operators.binary(self, rule, scope)
 
     def _name(self, rule: L.IdentifierRule, scope: Mapping[str, Value]) -> Value:
         return self._identifier(rule.serialize(), rule, scope)
 
     def _number(self, rule: Any, scope: Mapping[str, Value]) -> Value:
-        # python-hcl2 gives exponent floats back as text ("${1e3}"): read the token itself.
-        token = rule.token.value
-        return number(token) if isinstance(token, int | float) else parse_number(str(token))
+        # The token's own text: python-hcl2 keeps it, and bake reads it at 512 bits.
+        return ctynum.literal(str(rule.token.value))
 
     def _literal(self, rule: L.LiteralValueRule, scope: Mapping[str, Value]) -> Value:
         return rule.serialize()  # python-hcl2 already maps true/false/null
 
     def _string(self, rule: S.StringRule, scope: Mapping[str, Value]) -> Value:
-        return self.built(templates.template(self, rule.string_parts, scope), rule)
+        return self.built(templates.template(self, rule, rule.string_parts, scope), rule)
 
     def _heredoc(self, rule: Any, scope: Mapping[str, Value]) -> Value:
         return self.built(templates.heredoc(self, rule, scope), rule)
 
     def _directive(self, rule: Any, scope: Mapping[str, Value]) -> Value:
-        return self.built(templates.template(self, [rule], scope), rule)
+        return self.built(templates.template(self, rule, [rule], scope), rule)
 
     def _tuple(self, rule: C.TupleRule, scope: Mapping[str, Value]) -> Value:
         # A loop, not a comprehension: in Python 3.11 that is one more frame per level.
@@ -295,47 +237,13 @@ class Evaluation:
     def _object(self, rule: C.ObjectRule, scope: Mapping[str, Value]) -> Value:
         obj = {}
         for element in rule.elements:
-            obj[self._key(element.key, scope)] = self.expr(element.expression, scope)
+            key = self._key(element.key, scope)
+            obj[key] = self.expr(element.expression, scope)
         return self.built(obj, rule)
 
     def _index_rule(self, rule: IX.IndexExprTermRule, scope: Mapping[str, Value]) -> Value:
         target, index = rule.children
         return self._index(self.expr(target, scope), index, scope, rule)
-
-    _ARITH: dict[str, Callable[[Any, Any], Any]] = {  # noqa: RUF012
-        "+": operator.add,
-        "-": operator.sub,
-        "*": operator.mul,
-        "/": operator.truediv,
-        "%": operator.mod,
-        "<": operator.lt,
-        ">": operator.gt,
-        "<=": operator.le,
-        ">=": operator.ge,
-    }
-
-    def _binary(self, rule: E.BinaryOpRule, scope: Mapping[str, Value]) -> Value:
-        op = str(rule.binary_term.binary_operator.serialize()).strip()
-        left = self.expr(rule.expr_term, scope)
-        if op in ("&&", "||"):
-            lhs = self.truth(left, rule)
-            if (op == "&&" and not lhs) or (op == "||" and lhs):
-                return lhs
-            return self.truth(self.expr(rule.binary_term.expr_term, scope), rule)
-        right = self.expr(rule.binary_term.expr_term, scope)
-        if op in ("==", "!="):
-            # go-cty compares without conversion: a bool is never equal to the string "true".
-            same = equal(left, right)
-            return same if op == "==" else not same
-        if op not in self._ARITH:
-            raise self.error(f"unsupported operator {quote(op)}", rule)
-        try:
-            result = self._ARITH[op](to_number(left), to_number(right))
-        except ZeroDivisionError:
-            raise self.error("division by zero", rule) from None
-        except OverflowError:
-            raise self.error("number out of range (beyond about ±1.8e308)", rule) from None
-        return result if isinstance(result, bool) else number(result)
 
     def _identifier(self, name: str, rule: Any, scope: Mapping[str, Value]) -> Value:
         if name in scope:
@@ -386,6 +294,9 @@ class Evaluation:
                 if hasattr(index_rule.index, "serialize")
                 else index_rule.index
             )
+            key = ctynum.literal(str(key))
+        if isinstance(base, CtySet):
+            raise self.error("elements of a set cannot be indexed", rule)
         if isinstance(base, list):
             i = to_int(key, "an index")
             if not 0 <= i < len(base):
@@ -400,6 +311,8 @@ class Evaluation:
 
     def _splat(self, rule: Any, scope: Mapping[str, Value]) -> Value:
         base = self.expr(rule.expr_term, scope)
+        if isinstance(base, CtySet):
+            raise Unfollowed("a splat over a set")
         items = base if isinstance(base, list) else ([] if base is None else [base])
         out = []
         for item in items:
@@ -412,17 +325,11 @@ class Evaluation:
     def _for(self, rule: Any, scope: Mapping[str, Value]) -> Value:
         intro = rule.for_intro
         collection = self.expr(intro.iterable, scope)
-        if isinstance(collection, dict):
-            pairs: list[tuple[Value, Value]] = list(collection.items())
-        elif isinstance(collection, list):
-            pairs = list(enumerate(collection))
-        else:
-            raise self.error(f"cannot iterate over a {type_name(collection)}", rule)
         first = intro.first_iterator.serialize()
         second = intro.second_iterator.serialize() if intro.second_iterator else None
         tuple_out: list[Value] = []
         object_out: dict[str, Value] = {}
-        for key, item in pairs:
+        for key, item in iteration(collection):
             local = {**scope, **({first: key, second: item} if second else {first: item})}
             if rule.condition is not None and not self.truth(
                 self.expr(rule.condition.condition_expr, local), rule
@@ -443,105 +350,18 @@ class Evaluation:
 
     def _key(self, rule: Any, scope: Mapping[str, Value]) -> str:
         if isinstance(rule, C.ObjectElemKeyExpressionRule):
-            return to_string(self.expr(rule.expression, scope))
-        value = rule.value
-        if isinstance(value, L.IdentifierRule):
-            return value.serialize()
-        if isinstance(value, S.StringRule):
-            return to_string(templates.template(self, value.string_parts, scope))
-        return to_string(self.expr(value, scope))
+            key = self.expr(rule.expression, scope)
+        else:
+            value = rule.value
+            if isinstance(value, L.IdentifierRule):
+                return value.serialize()
+            key = self.expr(value, scope)
+        if key is None:
+            raise self.error("can't use a null value as a key", rule)
+        return to_string(key)
 
-    # ---- function calls ----
     def _call(self, rule: FN.FunctionCallRule, scope: Mapping[str, Value]) -> Value:
-        name = ".".join(i.serialize() for i in rule.identifiers)
-        arg_rules = list(rule.arguments.arguments) if rule.arguments is not None else []
-        if name in ("try", "can") and name not in self.bake.functions:
-            return self._try(name, arg_rules, scope, rule)
-        args = [self.expr(a, scope) for a in arg_rules]
-        if rule.arguments is not None and rule.arguments.has_ellipsis and args:
-            last = args.pop()
-            if not isinstance(last, list):
-                raise self.error(f"{name}(...): the expanded argument must be a list", rule)
-            args.extend(last)
-        if name in self.bake.functions:
-            return self._user_function(self.bake.functions[name], args, rule)
-        fn = FUNCTIONS.get(name)
-        if fn is None:
-            if name in UNSUPPORTED:
-                raise self.error(
-                    f"function {name!r} is not supported by rocm-assets: {UNSUPPORTED[name]}", rule
-                )
-            raise self.error(f"unknown function {quote(name)}", rule)
-        signature = _SIGNATURES[name]
-        if signature is not None:
-            try:
-                signature.bind(*args)
-            except TypeError:
-                raise self.error(
-                    f"{name}(): wrong number of arguments ({len(args)})", rule
-                ) from None
-        try:
-            result = fn(*args)
-            if isinstance(result, int | float) and not isinstance(result, bool):
-                result = number(result)
-        except LimitError as exc:
-            raise BakeLimitError(str(exc), path=self.bake.path, line=line_of(rule)) from None
-        except (*_OPERAND_ERRORS, RecursionError) as exc:
-            message = str(exc) if isinstance(exc, ValueError) else f"{type(exc).__name__}: {exc}"
-            message = quote(message, 200)[1:-1]
-            prefix = "" if message.startswith(f"{name}()") else f"{name}(): "
-            raise self.error(f"{prefix}{message}", rule) from None
-        return self.built(result, rule)
-
-    def _try(self, name: str, args: list[Any], scope: Mapping[str, Value], rule: Any) -> Value:
-        for arg in args:
-            try:
-                value = self.expr(arg, scope)
-            except BakeLimitError:
-                raise
-            except BakeError:
-                continue
-            return True if name == "can" else value
-        if name == "can":
-            return False
-        raise self.error("try(): no argument could be evaluated", rule)
-
-    def _user_function(self, block: Block, args: list[Value], rule: Any) -> Value:
-        if block.name in self._calls:
-            cycle = " -> ".join([*self._calls[self._calls.index(block.name) :], block.name])
-            raise self.error(f"function cycle: {cycle}", rule)
-        params = self._param_names(block, "params")
-        variadic = self._param_names(block, "variadic_params")
-        if len(args) < len(params) or (len(args) > len(params) and not variadic):
-            raise self.error(
-                f"function {block.name!r} takes {len(params)} arguments, got {len(args)}", rule
-            )
-        local = dict(zip(params, args, strict=False))
-        if variadic:
-            local[variadic[0]] = args[len(params) :]
-        result = block.attrs.get("result")
-        if result is None:
-            raise self.error(f"function {block.name!r} has no result", line=block.line)
-        self._calls.append(block.name)
-        try:
-            with self.nested(rule):
-                return self.expr(result.expression, local)
-        finally:
-            self._calls.pop()
-
-    def _param_names(self, block: Block, attr: str) -> list[str]:
-        rule = block.attrs.get(attr)
-        if rule is None:
-            return []
-        value = rule.expression.serialize()
-        names = [str(v) for v in value] if isinstance(value, list) else [str(value)]
-        for name in names:
-            if not name.replace("_", "a").replace("-", "a").isalnum():
-                raise self.error(
-                    f"function {block.name!r}: each of {attr} must be a name, not {quote(name)}",
-                    rule,
-                )
-        return names
+        return calls.call(self, rule, scope)
 
     # Each expression rule python-hcl2 makes, and the method that evaluates it.
     _KINDS: ClassVar[dict[type, Callable[..., Value]]] = {

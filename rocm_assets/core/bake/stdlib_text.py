@@ -7,7 +7,8 @@ pattern can backtrack for minutes. Every function sizes its result before buildi
 
 import base64
 import hashlib
-import json
+import re
+import unicodedata
 import urllib.parse
 import uuid
 from collections.abc import Iterator
@@ -15,8 +16,9 @@ from typing import Any
 
 import re2
 
+from rocm_assets.core.bake.errors import Unfollowed
 from rocm_assets.core.bake.limits import MAX_COLLECTION, MAX_STRING, check_length, quote
-from rocm_assets.core.bake.values import to_int, to_number, to_string, type_name
+from rocm_assets.core.bake.values import to_int, to_string, type_name
 
 Value = Any
 
@@ -138,7 +140,14 @@ def replace(text: Value, old: Value, new: Value) -> str:
 
 
 def join(separator: Value, *lists: Value) -> str:
-    items = [to_string(x) for lst in lists for x in as_list(lst, "join")]
+    if not lists:
+        raise ValueError("join(): at least one list is required")
+    items = []
+    for lst in lists:
+        for x in as_list(lst, "join"):
+            if x is None:
+                raise ValueError("join(): a list element must not be null")
+            items.append(to_string(x))
     sep = to_string(separator)
     size = sum(map(len, items)) + len(sep) * max(len(items) - 1, 0)
     check_length(size, "join()", MAX_STRING, "characters")
@@ -157,16 +166,44 @@ def split(separator: Value, text: Value) -> list:
 def indent(spaces: Value, text: Value) -> str:
     """go-cty's indent: every line but the first gets `spaces` spaces."""
     count, text = to_int(spaces, "indent()'s spaces"), to_string(text)
+    if count < 0:
+        raise Unfollowed("indent() by a negative count")
     lines = text.split("\n")
-    check_length(len(text) + max(count, 0) * (len(lines) - 1), "indent()", MAX_STRING, "characters")
-    return ("\n" + " " * max(count, 0)).join(lines)
+    check_length(len(text) + count * (len(lines) - 1), "indent()", MAX_STRING, "characters")
+    return ("\n" + " " * count).join(lines)
+
+
+def _case(text: Value, fn: str, upper: bool) -> str:
+    """Go's unicode.ToUpper/ToLower, one rune to one rune (Python's may make several)."""
+    out = []
+    for ch in to_string(text):
+        mapped = ch.upper() if upper else ch.lower()
+        if len(mapped) != 1:
+            raise Unfollowed(f"{fn}() of {ch!r} (Go maps it to one character, Python to several)")
+        out.append(mapped)
+    return "".join(out)
+
+
+def _go_separator(ch: str) -> bool:
+    """strings.Title's isSeparator."""
+    if ch.isascii():
+        return not (ch.isalnum() or ch == "_")
+    if unicodedata.category(ch)[0] in "LN":
+        return False
+    return ch.isspace()
 
 
 def title(text: Value) -> str:
     """Go's strings.Title: upper-case each word's first letter, leave the rest as it is."""
     out, previous = [], " "
     for ch in to_string(text):
-        out.append(ch.upper() if not (previous.isalnum() or previous == "_") else ch)
+        if _go_separator(previous):
+            mapped = ch.title() if not ch.isascii() else ch.upper()
+            if len(mapped) != 1:
+                raise Unfollowed(f"title() of {ch!r}")
+            out.append(mapped)
+        else:
+            out.append(ch)
         previous = ch
     return "".join(out)
 
@@ -178,88 +215,89 @@ def sanitize(text: Value) -> str:
     )
 
 
+# Characters that join their neighbours into one grapheme cluster (or may): combining marks,
+# joiners, variation selectors, emoji modifiers, regional indicators, Hangul jamo, prepends.
+_JOINING = re.compile(
+    "[\u200c\u200d\ufe00-\ufe0f\U000e0000-\U000e0fff\U0001f1e6-\U0001f1ff"
+    "\U0001f3fb-\U0001f3ff\u1100-\u11ff\ua960-\ua97f\ud7b0-\ud7ff\u0600-\u0605"
+    "\u06dd\u070f\u08e2\U000110bd\U000110cd]"
+)
+
+
+def clusters(text: str, fn: str) -> list[str]:
+    """The text's grapheme clusters, where each code point is one (refused otherwise)."""
+    if (
+        "\r\n" in text
+        or _JOINING.search(text)
+        or any(unicodedata.category(ch)[0] == "M" for ch in text if not ch.isascii())
+    ):
+        raise Unfollowed(f"{fn} of text whose grapheme clusters span several code points")
+    return list(text)
+
+
 def substr(text: Value, offset: Value, length: Value) -> str:
-    text = to_string(text)
-    start, count = to_int(offset, "substr()'s offset"), to_int(length, "substr()'s length")
+    """go-cty's substr, by grapheme cluster, quirks included (see the Go source)."""
+    chars = clusters(to_string(text), "substr()")
+    start, count = to_int(offset, "invalid offset"), to_int(length, "invalid length")
     if start < 0:
-        start += len(text)
-    if not 0 <= start <= len(text):
-        raise ValueError("substr()'s offset is outside the string")
-    return text[start:] if count < 0 else text[start : start + count]
+        start += len(chars)
+    elif count == 0:
+        return ""
+    if start > 0:
+        if start >= len(chars):
+            return ""
+        chars = chars[start:]
+    if count <= 0:
+        # A zero count is reached only after a negative offset: go-cty's loop then keeps all.
+        return "".join(chars)
+    return "".join(chars[:count])
 
 
-def format_(spec: Value, *args: Value) -> str:
-    """go-cty's format: Go's fmt verbs %s %v %q %d %f %e %g %x %X %o %b %t %%, width, precision."""
-    fmt, out, size = to_string(spec), [], 0
-    it = iter(args)
-    i = 0
-    while i < len(fmt):
-        ch = fmt[i]
-        if ch != "%":
-            out.append(ch)
-            size += 1
-            i += 1
+def strlen(text: Value) -> int:
+    return len(clusters(to_string(text), "strlen()"))
+
+
+def reverse(text: Value) -> str:
+    return "".join(reversed(clusters(to_string(text), "reverse()")))
+
+
+# Go's unicode.IsSpace: Python's str.isspace also counts \x1c-\x1f.
+_GO_SPACE = "\t\n\v\f\r \x85\xa0\u1680\u2000\u2001\u2002\u2003\u2004\u2005\u2006\u2007\u2008\u2009\u200a\u2028\u2029\u202f\u205f\u3000"
+
+
+def _go_base(path: str) -> str:
+    """Go's path.Base."""
+    if path == "":
+        return "."
+    path = path.rstrip("/")
+    if path == "":
+        return "/"
+    return path[path.rfind("/") + 1 :]
+
+
+def _go_clean(path: str) -> str:
+    """Go's path.Clean."""
+    if path == "":
+        return "."
+    rooted = path.startswith("/")
+    parts: list[str] = []
+    for part in path.split("/"):
+        if part in ("", "."):
             continue
-        j = i + 1
-        while j < len(fmt) and fmt[j] in "+- 0#":
-            j += 1
-        while j < len(fmt) and (fmt[j].isdigit() or fmt[j] == "."):
-            j += 1
-        if j >= len(fmt):
-            raise ValueError("format(): the format string ends inside a verb")
-        flags_width, verb = fmt[i + 1 : j], fmt[j]
-        i = j + 1
-        if verb == "%":
-            out.append("%")
-            size += 1
+        if part == "..":
+            if parts and parts[-1] != "..":
+                parts.pop()
+            elif not rooted:
+                parts.append("..")
             continue
-        try:
-            arg = next(it)
-        except StopIteration:
-            raise ValueError("format(): not enough arguments for the format string") from None
-        piece = _verb(verb, flags_width, arg)
-        size += len(piece)
-        check_length(size, "format()", MAX_STRING, "characters")
-        out.append(piece)
-    if next(it, None) is not None:
-        raise ValueError("format(): too many arguments for the format string")
-    return "".join(out)
+        parts.append(part)
+    cleaned = ("/" if rooted else "") + "/".join(parts)
+    return cleaned or ("/" if rooted else ".")
 
 
-def _verb(verb: str, flags_width: str, arg: Value) -> str:
-    sizes = [int(n) for n in flags_width.lstrip("+- 0#").split(".") if n]
-    if any(n > _MAX_WIDTH for n in sizes):
-        raise ValueError(f"format(): width or precision over {_MAX_WIDTH}")
-    if verb in "sv":
-        text = json.dumps(arg) if isinstance(arg, list | dict) else to_string(arg)
-        return f"%{flags_width}s" % text
-    if verb == "q":
-        return f"%{flags_width}s" % json.dumps(to_string(arg), ensure_ascii=False)
-    if verb == "t":
-        if not isinstance(arg, bool):
-            raise ValueError(f"format(): %t needs a bool, got {type_name(arg)}")
-        return f"%{flags_width}s" % to_string(arg)
-    if verb in "dxXob":
-        n = to_int(arg, f"format()'s %{verb} argument")
-        if verb == "b":
-            return f"%{flags_width.replace('#', '')}s" % (
-                ("-" if n < 0 else "") + format(abs(n), "b")
-            )
-        return f"%{flags_width}{verb}" % n
-    if verb in "feEgG":
-        return f"%{flags_width}{verb}" % to_number(arg)
-    raise ValueError(f"format(): unsupported verb %{verb}")
-
-
-def formatlist(spec: Value, *args: Value) -> list:
-    lists = [a for a in args if isinstance(a, list)]
-    lengths = {len(a) for a in lists}
-    if len(lengths) > 1:
-        raise ValueError("formatlist(): all list arguments must have the same length")
-    count = lengths.pop() if lengths else 1
-    return [
-        format_(spec, *[a[i] if isinstance(a, list) else a for a in args]) for i in range(count)
-    ]
+def _go_dir(path: str) -> str:
+    """Go's path.Dir."""
+    return _go_clean(path[: path.rfind("/") + 1])
 
 
 def as_list(value: Value, fn: str) -> list:
@@ -304,12 +342,12 @@ def uuidv5(namespace: Value, name: Value) -> str:
 TEXT_FUNCTIONS = {
     "base64decode": base64decode,
     "base64encode": lambda s: base64.b64encode(to_string(s).encode()).decode(),
+    "basename": lambda s: _go_base(to_string(s)),
     "chomp": lambda s: to_string(s).rstrip("\r\n"),
-    "format": format_,
-    "formatlist": formatlist,
+    "dirname": lambda s: _go_dir(to_string(s)),
     "indent": indent,
     "join": join,
-    "lower": lambda s: to_string(s).lower(),
+    "lower": lambda s: _case(s, "lower", upper=False),
     "md5": _digest("md5"),
     "regex": regex,
     "regex_replace": regex_replace,
@@ -320,15 +358,15 @@ TEXT_FUNCTIONS = {
     "sha256": _digest("sha256"),
     "sha512": _digest("sha512"),
     "split": split,
-    "strlen": lambda s: len(to_string(s)),
+    "reverse": reverse,
+    "strlen": strlen,
     "substr": substr,
     "title": title,
     "trim": lambda s, cut: to_string(s).strip(to_string(cut)),
     "trimprefix": lambda s, p: to_string(s).removeprefix(to_string(p)),
-    "trimspace": lambda s: to_string(s).strip(),
+    "trimspace": lambda s: to_string(s).strip(_GO_SPACE),
     "trimsuffix": lambda s, p: to_string(s).removesuffix(to_string(p)),
-    "upper": lambda s: to_string(s).upper(),
+    "upper": lambda s: _case(s, "upper", upper=True),
     "urlencode": urlencode,
-    "uuidv4": lambda: str(uuid.uuid4()),
     "uuidv5": uuidv5,
 }

@@ -12,13 +12,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from rocm_assets.core.bake import blocks
-from rocm_assets.core.bake.errors import BakeError, NeedsBuildx, boundary
+from rocm_assets.core.bake import blocks, calls, fields
+from rocm_assets.core.bake.errors import BakeError, Unfollowed, boundary
 from rocm_assets.core.bake.evaluate import Evaluation
+from rocm_assets.core.bake.features import minimum
 from rocm_assets.core.bake.limits import MAX_DEPTH, Budget, quote
 from rocm_assets.core.bake.parse import BakeFile
-from rocm_assets.core.bake.printed import PrintShapeError, cache_entry, canonical, output_entry
-from rocm_assets.core.bake.values import to_string
 
 TARGET_PREFIX = "target:"
 IMAGE_PREFIX = "docker-image://"
@@ -32,70 +31,11 @@ _REFERENCE = re.compile(
 )
 
 
-def _string(value: Any, what: str, ev: Evaluation, line: int) -> str:
-    try:
-        return to_string(value)
-    except ValueError as exc:
-        raise ev.error(f"{what}: {exc}", line=line) from None
-
-
-def _strings(value: Any, what: str, ev: Evaluation, line: int) -> list[str]:
-    if not isinstance(value, list):
-        raise ev.error(f"{what} must be a list", line=line)
-    return [_string(v, what, ev, line) for v in value]
-
-
-def _string_map(value: Any, what: str, ev: Evaluation, line: int) -> dict[str, str]:
-    if not isinstance(value, dict):
-        raise ev.error(f"{what} must be an object", line=line)
-    # Bake drops null args so the Dockerfile's own default applies.
-    return {k: _string(v, what, ev, line) for k, v in value.items() if v is not None}
-
-
-def _bool(value: Any, what: str, ev: Evaluation, line: int) -> bool:
-    if not isinstance(value, bool):
-        raise ev.error(f"{what} must be a bool", line=line)
-    return value
-
-
-def _objects(value: Any, what: str, ev: Evaluation, line: int, parse: Any) -> list[dict]:
-    try:
-        return [parse(text) for text in _strings(value, what, ev, line)]
-    except PrintShapeError as exc:
-        raise ev.error(f"{what}: {exc}", line=line) from None
-
-
-# How the builtin resolver writes each attribute it reads into --print's shape. Attributes not
-# here (secret, ssh, attest, resources, policy) it refuses: bake's parsing of them moves with
-# each buildx release.
-_WRITERS: dict[str, Any] = {
-    "description": _string, "context": _string, "dockerfile": _string,
-    "dockerfile-inline": _string, "target": _string, "network": _string, "shm-size": _string,
-    "call": _string,
-    "annotations": _strings, "tags": _strings, "platforms": _strings, "no-cache-filter": _strings,
-    "ulimits": _strings, "entitlements": _strings,
-    "args": _string_map, "labels": _string_map, "contexts": _string_map, "extra-hosts": _string_map,
-    "pull": _bool, "no-cache": _bool,
-    "cache-from": lambda v, w, e, n: _objects(v, w, e, n, cache_entry),
-    "cache-to": lambda v, w, e, n: _objects(v, w, e, n, cache_entry),
-    "output": lambda v, w, e, n: _objects(v, w, e, n, output_entry),
-}  # fmt: skip
-_NOT_WRITTEN = frozenset({"inherits"})
-
-
-def builtin_entry(ev: Evaluation, name: str, attrs: Mapping[str, Any], line: int) -> dict:
-    """A target's evaluated attributes written as bake's --print writes them."""
-    entry: dict[str, Any] = {"context": ".", "dockerfile": "Dockerfile"}
-    for attr, value in attrs.items():
-        if attr in _NOT_WRITTEN or value is None:
-            continue
-        writer = _WRITERS.get(attr)
-        if writer is None:
-            raise NeedsBuildx(
-                f"target {quote(name)}: attribute {quote(attr)}", path=ev.bake.path, line=line
-            )
-        entry[attr] = writer(value, f"target {quote(name)}: {attr}", ev, line)
-    return canonical(entry)
+def builtin_entry(ev: Evaluation, name: str) -> dict:
+    """A target as the builtin resolver resolves it, written as bake's --print writes it."""
+    resolved = blocks.target(ev, name)
+    assert resolved is not None  # a target met first is never skipped
+    return fields.entry(resolved)
 
 
 @dataclass(frozen=True, slots=True)
@@ -125,6 +65,10 @@ class Target:
     @property
     def tags(self) -> tuple[str, ...]:
         return tuple(self.printed.get("tags", ()))
+
+    @property
+    def platforms(self) -> tuple[str, ...]:
+        return tuple(self.printed.get("platforms", ()))
 
     @property
     def args(self) -> Mapping[str, str]:
@@ -209,23 +153,85 @@ class ResolvedBake:
         return next((t.name for t in self.targets.values() if ref in t.tags), None)
 
 
-def resolve(bake: BakeFile, env: Mapping[str, str], budget: Budget | None = None) -> ResolvedBake:
-    """Evaluate a parsed bake file under `env` into targets and groups.
+def resolve(
+    bake: BakeFile,
+    env: Mapping[str, str],
+    budget: Budget | None = None,
+    *,
+    version: tuple[int, int, int] | None = None,
+) -> ResolvedBake:
+    """Evaluate a parsed bake file under `env` into targets and groups, as bake would.
 
-    `budget` bounds the work; a graph shares one across its evaluations.
+    `budget` bounds the work; a graph shares one across its evaluations. With `version`, a
+    file that needs a newer buildx (see `features`) fails as that bake would fail it.
     """
     with boundary(bake.path):
-        return _resolve(Evaluation(bake, dict(env), budget))
+        if version is not None:
+            needs = minimum(bake)
+            if needs is not None and needs.version > version:
+                raise BakeError(
+                    f"{needs}: bake {'.'.join(map(str, version))} refuses this file",
+                    path=bake.path,
+                    line=needs.line,
+                )
+        ev = Evaluation(bake, dict(env), budget)
+        try:
+            return _resolve(ev)
+        except Unfollowed as exc:
+            raise ev.refusal(exc) from None
+
+
+def _check_links(
+    ev: Evaluation, targets: Mapping[str, Target], failed: Mapping[str, BakeError]
+) -> None:
+    """Bake's loadLinks over every public target: a `target:` link to itself, a loop, a missing
+    or failed target, or platforms the linked target does not build, fails the file."""
+
+    def visit(name: str, visited: tuple[str, ...]) -> None:
+        if name in failed:
+            raise failed[name]
+        if name not in targets:
+            raise ev.error(f"failed to find target {quote(name)}")
+        target = targets[name]
+        for linked in target.target_links.values():
+            if linked == name:
+                raise ev.error(f"target {quote(name)} cannot link to itself")
+            if linked in visited:
+                raise ev.error(f"infinite loop from {quote(name)} to {quote(linked)}")
+            visit(linked, (*visited, name))
+            mine = list(target.printed.get("platforms", ()))
+            theirs = list(targets[linked].printed.get("platforms", ()))
+            if len(mine) > 1 and len(theirs) > 1 and mine != theirs:
+                if not set(mine) <= set(theirs):
+                    raise ev.error(
+                        f"target {quote(linked)} can't be used by {quote(name)}: platforms differ"
+                    )
+                # 0.13.1 wants the same list, 0.29 a subset.
+                raise Unfollowed("a linked target that builds more platforms")
+
+    for name in targets:
+        if not name.startswith("_"):
+            visit(name, ())
 
 
 def _resolve(ev: Evaluation) -> ResolvedBake:
     values = {name: ev.value(name) for name in ev.names()}
     ev.validate()
+    calls.check_functions(ev)
     targets: dict[str, Target] = {}
+    # Bake evaluates every block, but resolves (inherits, links) only the targets it is asked
+    # for and what they use: a private target that fails there fails only where it is used.
+    failed: dict[str, BakeError] = {}
     for name, parts in ev.expansion.targets.items():
+        blocks.own(ev, name)
         line = parts[0].block.line
-        targets[name] = Target(name, line, builtin_entry(ev, name, blocks.target(ev, name), line))
-        check_tags(targets[name], ev.bake.path)
+        try:
+            targets[name] = Target(name, line, builtin_entry(ev, name))
+        except BakeError as exc:
+            if not name.startswith("_"):
+                raise
+            failed[name] = exc
+    _check_links(ev, targets, failed)
     groups = {name: tuple(blocks.group(ev, name)) for name in blocks.group_names(ev)}
     lines = {name: blocks.group_line(ev, name) for name in groups}
     return ResolvedBake(ev.bake.path, dict(ev.env), values, targets, groups, lines)

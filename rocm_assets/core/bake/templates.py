@@ -3,21 +3,32 @@
 Quoted strings take HCL's escapes (`\\n \\r \\t \\" \\\\ \\uNNNN \\UNNNNNNNN`, `$${`, `%%{`); any
 other backslash sequence is an error, as in HCL. Heredocs take no backslash escapes. A template
 is sized as it is built, so no interpolation loop can build more than the string limit.
+
+A directive's strip markers (`%{~ ... ~}`) trim the whitespace of the literal text right beside
+it, as HCL's template parser does on its tokens (before anything is evaluated): so a template is
+first flattened into tokens, trimmed, and nested again (`_compile`, once per template).
 """
 
 from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from hcl2.rules import directives as D, strings as S
 
+from rocm_assets.core.bake.errors import Unfollowed
 from rocm_assets.core.bake.limits import MAX_STRING, check_length, quote
-from rocm_assets.core.bake.values import to_bool, to_string, type_name
+from rocm_assets.core.bake.values import iteration, text, to_bool, to_string, type_name
 
 if TYPE_CHECKING:
     from rocm_assets.core.bake.evaluate import Evaluation
 
 _ESCAPES = {"n": "\n", "t": "\t", "r": "\r", '"': '"', "\\": "\\"}
 _HEX = frozenset("0123456789abcdefABCDEF")
+# Go's unicode.IsSpace, which HCL trims by (Python's str.isspace also counts \x1c-\x1f).
+GO_SPACE = (
+    "\t\n\v\f\r \x85\xa0\u1680\u2000\u2001\u2002\u2003\u2004\u2005\u2006\u2007\u2008\u2009"
+    "\u200a\u2028\u2029\u202f\u205f\u3000"
+)
 
 
 def unescape(text: str) -> str:
@@ -71,72 +82,154 @@ class _Text:
         return "".join(self.parts)
 
 
-def template(ev: "Evaluation", parts: Any, scope: Mapping[str, Any]) -> str:
-    out = _Text()
+# ---- compiling: tokens, trimmed, nested again ----
+@dataclass
+class _Literal:
+    text: str
+    rule: Any
+
+
+@dataclass
+class _Interp:
+    rule: Any
+
+
+@dataclass
+class _If:
+    start: Any
+    then: list = field(default_factory=list)
+    otherwise: list = field(default_factory=list)
+
+
+@dataclass
+class _For:
+    start: Any
+    body: list = field(default_factory=list)
+
+
+def _tokens(ev: "Evaluation", parts: Any, out: list) -> None:
+    """Flatten python-hcl2's nested parts into HCL's token order."""
     for part in parts:
-        _part(ev, part, scope, out)
-    return out.text()
+        if part is None:
+            continue
+        content = part.content if isinstance(part, S.StringPartRule) else part
+        if isinstance(content, S.InterpolationRule):
+            out.append(_Interp(content.expression))
+        elif isinstance(content, D.TemplateIfRule | D.TemplateForRule):
+            _tokens(ev, [c for c in content.children if c is not None], out)
+        elif isinstance(
+            content,
+            D.TemplateIfStartRule | D.TemplateElseRule | D.TemplateEndifRule
+            | D.TemplateForStartRule | D.TemplateEndforRule,
+        ):  # fmt: skip
+            out.append(content)
+        elif isinstance(part, S.StringPartRule):
+            try:
+                text = unescape(str(content.value))
+            except ValueError as exc:
+                raise ev.error(str(exc), part) from None
+            if out and isinstance(out[-1], _Literal):
+                out[-1].text += text  # one literal run is one HCL token
+            else:
+                out.append(_Literal(text, part))
+        else:
+            raise Unfollowed(f"the template part {type(part).__name__}")
 
 
-def _part(ev: "Evaluation", part: Any, scope: Mapping[str, Any], out: _Text) -> None:
-    content = part.content if isinstance(part, S.StringPartRule) else part
-    if isinstance(content, S.InterpolationRule):
-        value = ev.expr(content.expression, scope)
-        try:
-            out.add(to_string(value))
-        except ValueError as exc:
-            raise ev.error(f"interpolation: {exc}", part) from None
-    elif isinstance(content, D.TemplateIfRule):
-        _if(ev, content, scope, out)
-    elif isinstance(content, D.TemplateForRule):
-        _for(ev, content, scope, out)
-    elif isinstance(part, S.StringPartRule):
-        try:
-            out.add(unescape(str(content.value)))
-        except ValueError as exc:
-            raise ev.error(str(exc), part) from None
-    else:
-        raise ev.error(f"unsupported string part {type(part).__name__}", part)
+def _trim(tokens: list) -> None:
+    for i, token in enumerate(tokens):
+        if isinstance(token, _Literal | _Interp):
+            continue
+        if token.strip_open and i > 0 and isinstance(tokens[i - 1], _Literal):
+            tokens[i - 1].text = tokens[i - 1].text.rstrip(GO_SPACE)
+        if token.strip_close and i + 1 < len(tokens) and isinstance(tokens[i + 1], _Literal):
+            tokens[i + 1].text = tokens[i + 1].text.lstrip(GO_SPACE)
 
 
-def _if(ev: "Evaluation", rule: Any, scope: Mapping[str, Any], out: _Text) -> None:
-    children = [c for c in rule.children if c is not None]
-    body: list[Any] = []
-    otherwise: list[Any] = []
-    current = body
-    for child in children[1:]:
-        if isinstance(child, D.TemplateElseRule):
-            current = otherwise
-        elif not isinstance(child, D.TemplateEndifRule):
-            current.append(child)
-    condition = ev.expr(children[0].condition, scope)
-    try:
-        chosen = body if to_bool(condition) else otherwise
-    except ValueError as exc:
-        raise ev.error(str(exc), rule) from None
-    for part in chosen:
-        _part(ev, part, scope, out)
+def _nest(tokens: list) -> list:
+    root: list = []
+    stack: list[tuple[Any, list]] = [(None, root)]
+    for token in tokens:
+        node, current = stack[-1]
+        if isinstance(token, D.TemplateIfStartRule):
+            made = _If(token)
+            current.append(made)
+            stack.append((made, made.then))
+        elif isinstance(token, D.TemplateForStartRule):
+            made_for = _For(token)
+            current.append(made_for)
+            stack.append((made_for, made_for.body))
+        elif isinstance(token, D.TemplateElseRule):
+            stack[-1] = (node, node.otherwise)
+        elif isinstance(token, D.TemplateEndifRule | D.TemplateEndforRule):
+            stack.pop()
+        else:
+            current.append(token)
+    return root
 
 
-def _for(ev: "Evaluation", rule: Any, scope: Mapping[str, Any], out: _Text) -> None:
-    children = [c for c in rule.children if c is not None]
-    start = children[0]
+def _compile(ev: "Evaluation", rule: Any, parts: Any) -> list:
+    cached = ev.templates.get(id(rule))
+    if cached is None:
+        tokens: list = []
+        _tokens(ev, list(parts), tokens)
+        _trim(tokens)
+        cached = ev.templates[id(rule)] = (rule, _nest(tokens))  # the rule keeps its id
+    return cached[1]
+
+
+# ---- evaluating ----
+def template(ev: "Evaluation", rule: Any, parts: Any, scope: Mapping[str, Any]) -> Any:
+    """The value of `rule`, a template made of `parts`: its text, or, for a template that is one
+    interpolation and nothing else (`"${x}"`), that value itself, as HCL's TemplateWrapExpr."""
+    nodes = _compile(ev, rule, parts)
+    if len(nodes) == 1 and isinstance(nodes[0], _Interp):
+        return ev.expr(nodes[0].rule, scope)
+    out = _Text()
+    _run(ev, nodes, scope, out)
+    return text(out.text())
+
+
+def _run(ev: "Evaluation", nodes: list, scope: Mapping[str, Any], out: _Text) -> None:
+    for node in nodes:
+        if isinstance(node, _Literal):
+            out.add(node.text)
+        elif isinstance(node, _Interp):
+            value = ev.expr(node.rule, scope)
+            try:
+                out.add(to_string(value))
+            except ValueError as exc:
+                raise ev.error(f"interpolation: {exc}", node.rule) from None
+        elif isinstance(node, _If):
+            condition = ev.expr(node.start.condition, scope)
+            try:
+                chosen = node.then if to_bool(condition) else node.otherwise
+            except ValueError as exc:
+                raise ev.error(str(exc), node.start) from None
+            _run(ev, chosen, scope, out)
+        else:
+            _for(ev, node, scope, out)
+
+
+def _for(ev: "Evaluation", node: _For, scope: Mapping[str, Any], out: _Text) -> None:
+    start = node.start
     collection = ev.expr(start.collection, scope)
-    if isinstance(collection, dict):
-        items = list(collection.items())
-    elif isinstance(collection, list):
-        items = list(enumerate(collection))
-    else:
-        raise ev.error(f"%{{for}} cannot iterate over a {type_name(collection)}", rule)
-    body = [c for c in children[1:] if not isinstance(c, D.TemplateEndforRule)]
-    value_name = start.iterator.serialize()
-    key_name = start.key_iterator.serialize() if start.key_iterator else None
+    try:
+        items = iteration(collection)
+    except ValueError:
+        raise ev.error(f"%{{for}} cannot iterate over a {type_name(collection)}", start) from None
+    # python-hcl2 calls the first of two names `iterator`; HCL makes that one the key.
+    first = start.iterator.serialize()
+    second = start.key_iterator.serialize() if start.key_iterator else None
+    key_name, value_name = (first, second) if second else (None, first)
     for key, item in items:
         local = {**scope, value_name: item, **({key_name: key} if key_name else {})}
-        for part in body:
-            _part(ev, part, local, out)
+        _run(ev, node.body, local, out)
 
 
 def heredoc(ev: "Evaluation", rule: Any, scope: Mapping[str, Any]) -> str:
     """A heredoc, read as a template when the file was parsed (see `parse.heredoc_template`)."""
-    return ev.expr(ev.bake.heredocs[id(rule)][1], scope)
+    template_rule = ev.bake.heredocs[id(rule)][1]
+    if isinstance(template_rule, str):
+        raise Unfollowed(template_rule)
+    return ev.expr(template_rule, scope)
