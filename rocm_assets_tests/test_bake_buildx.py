@@ -12,7 +12,7 @@ import pytest
 from rocm_assets.core.bake import BakeError, load_graph
 from rocm_assets.core.bake.buildx import BUILDX_ENV, CACHE_DIR_ENV, find_buildx
 from rocm_assets.core.bake.resolvers import RESOLVER_ENV
-from rocm_assets_tests.helpers import PROJECT_ROOT, SHIPPED_BAKE_FILE
+from rocm_assets_tests.helpers import PROJECT_ROOT, SHIPPED_BAKE_FILE, rocm_assets_cli
 
 FARM_BAKE_FILE = PROJECT_ROOT / "examples" / "farm" / "bake.hcl"
 SHIPPED_FILES = (SHIPPED_BAKE_FILE, FARM_BAKE_FILE)
@@ -122,17 +122,29 @@ def test_a_file_bake_rejects_is_bakes_one_line_at_its_line(buildx: Path, tmp_pat
     assert "NOPE" in message and "\n" not in message
 
 
-def test_typed_or_validated_variables_need_a_newer_buildx(tmp_path: Path, old_buildx: Path) -> None:
-    # What Debian 13's buildx says of the constructs the shipped files no longer use.
+def test_check_names_the_buildx_a_file_needs_when_the_installed_one_is_older(
+    tmp_path: Path, old_buildx: Path
+) -> None:
     newer = tmp_path / "newer.hcl"
     newer.write_text(
         'variable "GPU_ARCHES" {\n  default = ["gfx942"]\n}\n'
         'variable "GPU_ARCH" {\n  description = "one arch"\n  default = "gfx942"\n}\n'
         'target "a" {\n  tags = ["r/a:1"]\n}\n'
     )
-    with pytest.raises(BakeError) as raised:
-        load_graph(newer, env_for(old_buildx, tmp_path))
-    assert str(raised.value).startswith(f"{newer}:5: docker buildx bake: Unsupported argument")
+    env = env_for(old_buildx, tmp_path)
+    out = rocm_assets_cli("check", "--bake-file", str(newer), env=env)
+    assert out.returncode == 2
+    assert out.stderr == (
+        f"rocm-assets: error: {newer}:5: variable 'GPU_ARCH': description (line 5) needs buildx "
+        ">= 0.16.0, and the installed buildx is 0.13.1: install docker-buildx 0.16.0 or later "
+        "(Debian testing has 0.29)\n"
+    )
+    # The shipped files need nothing newer than Debian 13's buildx, and check says so.
+    ok = rocm_assets_cli("check", env=env)
+    assert ok.returncode == 0, ok.stderr
+    assert ok.stdout.rstrip().endswith(
+        "resolved by docker buildx bake 0.13.1, reads on buildx 0.13 and later"
+    )
 
 
 def test_the_print_is_the_same_on_both_versions(tmp_path: Path, old_buildx: Path) -> None:

@@ -8,6 +8,7 @@ from typing import Any
 
 from rocm_assets.cli.common import EXIT_OK, EXIT_PROBLEMS, add_bake_file, graph_of, out
 from rocm_assets.core.bake import BakeGraph, check_drift
+from rocm_assets.core.bake.features import minimum
 from rocm_assets.core.bake.printed import graph_entry
 from rocm_assets.core.builds import check_arches
 from rocm_assets.core.recipes import check_recipes, dockerfile_path
@@ -68,10 +69,17 @@ def cmd_check(args: argparse.Namespace) -> int:
     if problems:
         return EXIT_PROBLEMS
     dockerfiles = {dockerfile_path(graph, graph.resolve(None).targets[t]) for t in graph.targets}
+    needs = minimum(graph.bake)
     out(
         f"{graph.path}: ok: {len(graph.targets)} targets, {graph.edge_count} edges, "
         f"{len(graph.groups)} groups, PUB_* references match for {len(graph.arches)} arches, "
-        f"{len(dockerfiles)} Dockerfiles take every arg and context in both input modes"
+        f"{len(dockerfiles)} Dockerfiles take every arg and context in both input modes; "
+        f"resolved by {graph.resolver_label}, "
+        + (
+            f"needs buildx >= {needs.version_text} ({needs.construct})"
+            if needs
+            else "reads on buildx 0.13 and later"
+        )
     )
     return EXIT_OK
 

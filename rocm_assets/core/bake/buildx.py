@@ -44,7 +44,7 @@ VALIDATION_SINCE = (0, 19)
 # The arch check bake runs where it can: a variable whose validation refuses an unknown GPU_ARCH.
 # A separate file, because older buildx rejects `validation` (and the shipped files must load).
 ARCH_CHECK_FILE = Path(__file__).with_name("arch_check.hcl")
-PRINT_TIMEOUT_S = 60.0
+PRINT_TIMEOUT_S = 30.0
 _VERSION_TIMEOUT_S = 20.0
 # bake's error line: `ERROR: file.hcl:21,30-40: Summary; detail`.
 _ERROR = re.compile(r"^ERROR: (?:(?P<file>[^\s:][^:]*):(?P<line>\d+)(?:,[\d-]+)*: )?(?P<msg>.*)$")
@@ -143,7 +143,28 @@ def error_line(stderr: str, path: Path, env: Mapping[str, str]) -> BakeError:
         arch = env.get(ARCH_VAR, "")
         return BakeError(f"docker buildx bake: {ARCH_VAR}={arch}: {found['msg']}", path=path)
     line = int(found["line"]) if found["line"] and named == path.name else None
+    if line is None and not found["file"]:
+        line = _locate(found["msg"], path)
     return BakeError(f"docker buildx bake: {found['msg']}", path=path, line=line)
+
+
+# Bake errors that name no line, and what in the file they are about.
+_ABOUT = (
+    (re.compile(r"failed to find target (\S+)"), lambda m: f'"target:{m[1]}"'),
+    (re.compile(r"infinite loop from (\S+) to (\S+)"), lambda m: f'target "{m[1]}"'),
+)
+
+
+def _locate(message: str, path: Path) -> int | None:
+    """The line of the file that a line-less bake error is about, where it says."""
+    for pattern, needle in _ABOUT:
+        match = pattern.search(message)
+        if match:
+            with contextlib.suppress(OSError, UnicodeDecodeError):
+                for number, text in enumerate(path.read_text().splitlines(), start=1):
+                    if needle(match) in text:
+                        return number
+    return None
 
 
 class BakePrinter:

@@ -14,6 +14,7 @@ from rocm_assets.core.bake import blocks
 from rocm_assets.core.bake.buildx import BakePrinter, Buildx, find_buildx
 from rocm_assets.core.bake.errors import BakeError, boundary
 from rocm_assets.core.bake.evaluate import Evaluation
+from rocm_assets.core.bake.features import minimum
 from rocm_assets.core.bake.limits import Budget
 from rocm_assets.core.bake.parse import BakeFile
 from rocm_assets.core.bake.targets import ResolvedBake, Target, check_tags, resolve
@@ -60,7 +61,15 @@ class BuiltinResolver:
         self.bake = bake
 
     def resolve_many(self, envs: Sequence[Mapping[str, str]], budget: Budget) -> list[ResolvedBake]:
-        return [resolve(self.bake, env, budget) for env in envs]
+        return [_checked(resolve(self.bake, env, budget)) for env in envs]
+
+
+def _checked(resolved: ResolvedBake) -> ResolvedBake:
+    """The farm's own check on what either resolver answered: every tag a valid reference,
+    before any build or registry lookup uses it."""
+    for target in resolved.targets.values():
+        check_tags(target, resolved.path)
+    return resolved
 
 
 class BuildxResolver:
@@ -84,21 +93,31 @@ class BuildxResolver:
         return parts[0].block.line if parts else None
 
     def resolve_many(self, envs: Sequence[Mapping[str, str]], budget: Budget) -> list[ResolvedBake]:
+        needs = minimum(self.bake)
+        if needs is not None and needs.version > self.buildx.version:
+            # Said before bake says `Unsupported argument`: what to install, not what is wrong.
+            raise BakeError(
+                f"{needs}, and the installed buildx is {self.buildx.version_text}: install "
+                f"docker-buildx {needs.version_text} or later (Debian testing has 0.29)",
+                path=self.bake.path,
+                line=needs.line,
+            )
         names = [n for n in self.bake.targets if not n.startswith("_")]
         printed = self.printer.print_many(envs, names)
         out = []
         for env, entries in zip(envs, printed, strict=True):
             ev = Evaluation(self.bake, dict(env), budget)
             with boundary(self.bake.path):
-                targets = {}
-                for name, entry in entries.items():
-                    targets[name] = Target(name, self._line(ev, name), entry)
-                    check_tags(targets[name], self.bake.path)
+                found = [Target(name, self._line(ev, name), e) for name, e in entries.items()]
+                # In the file's order, as the builtin gives them (bake prints them sorted).
+                found.sort(key=lambda t: t.line or len(self.bake.text))
+                targets = {t.name: t for t in found}
                 groups = {name: tuple(blocks.group(ev, name)) for name in blocks.group_names(ev)}
                 lines = {name: blocks.group_line(ev, name) for name in groups}
-            out.append(
-                ResolvedBake(self.bake.path, dict(env), StaticValues(ev), targets, groups, lines)
+            resolved = ResolvedBake(
+                self.bake.path, dict(env), StaticValues(ev), targets, groups, lines
             )
+            out.append(_checked(resolved))
         return out
 
 
