@@ -547,10 +547,15 @@ def test_a_killed_worker_takes_its_bake_and_scratch_files_with_it(
         worker.kill()  # SIGKILL: the worker can clean up nothing itself
         worker.wait()
         # The guard cancels the build on the builder and removes the scratch directory.
-        wait_until(
-            lambda: builders.status(E2E_BUILDER, name) == "canceled",
-            "the builder to record the killed worker's build as cancelled",
-            timeout_s=HANG_GUARD_S,
+        states: list[str | None] = []
+
+        def ended() -> bool:
+            states.append(builders.status(E2E_BUILDER, name))
+            return states[-1] not in (None, "running")
+
+        wait_until(ended, "the killed worker's build to end on the builder", timeout_s=HANG_GUARD_S)
+        assert states[-1] == "canceled", builders.inspect(
+            E2E_BUILDER, builders.history(E2E_BUILDER, name)[0].ref
         )
         wait_until(lambda: bake_processes(name) == [], "the bake to end", timeout_s=HANG_GUARD_S)
         assert not scratch.exists()

@@ -316,7 +316,7 @@ def _build(
 ) -> subprocess.CompletedProcess:
     env = dockerd.env()
     env["DOCKER_BUILDKIT"] = "1"
-    argv = [dockerd.client, "build", "--progress=plain", "-f", str(dockerfile), *args]
+    argv = ["docker", "build", "--progress=plain", "-f", str(dockerfile), *args]
     return _run([*argv, str(PROJECT_ROOT)], env)
 
 
@@ -326,20 +326,20 @@ def sources_image(dockerd: Dockerd) -> Iterator[str]:
     result = _build(dockerd, "--target", "sources", "-t", tag)
     assert result.returncode == 0, f"the sources stage did not build:\n{result.stderr[-3000:]}"
     yield tag
-    _run([dockerd.client, "rmi", "--force", tag], dockerd.env())
+    _run(["docker", "rmi", "--force", tag], dockerd.env())
 
 
 def _image_files(dockerd: Dockerd, image: str) -> set[str]:
     env = dockerd.env()
-    created = _run([dockerd.client, "create", image, "none"], env)
+    created = _run(["docker", "create", image, "none"], env)
     assert created.returncode == 0, created.stderr
     container = created.stdout.strip()
     try:
         exported = subprocess.run(
-            [dockerd.client, "export", container], env=env, capture_output=True, check=True
+            ["docker", "export", container], env=env, capture_output=True, check=True
         )
     finally:
-        _run([dockerd.client, "rm", container], env)
+        _run(["docker", "rm", container], env)
     with tarfile.open(fileobj=io.BytesIO(exported.stdout)) as tar:
         return {m.name for m in tar.getmembers() if m.isfile() and m.name.startswith("src/")}
 
@@ -492,12 +492,12 @@ def test_entrypoint_auth_lets_the_real_client_push(
     password = str(server.password)
     ref = f"{server.host}/{server.new_repo('rocm/deploy-sources')}:test"
     engine_env = dockerd.env()
-    tagged = _run([dockerd.client, "tag", sources_image, ref], engine_env)
+    tagged = _run(["docker", "tag", sources_image, ref], engine_env)
     assert tagged.returncode == 0, tagged.stderr
 
     # Without the entrypoint's auth the registry refuses the push.
     anonymous = dict(engine_env, DOCKER_CONFIG=str(tmp_path / "anonymous"))
-    refused = _run([dockerd.client, "push", ref], anonymous)
+    refused = _run(["docker", "push", ref], anonymous)
     assert refused.returncode != 0
     assert re.search(r"no basic auth credentials|unauthorized", refused.stderr), refused.stderr
 
@@ -511,7 +511,7 @@ def test_entrypoint_auth_lets_the_real_client_push(
         ROCM_REGISTRY_PASSWORD_FILE=str(secret),
     )
     env.pop("ROCM_REGISTRY_PASSWORD", None)
-    pushed = _entrypoint([dockerd.client, "push", ref], env)
+    pushed = _entrypoint(["docker", "push", ref], env)
     assert pushed.returncode == 0, pushed.stderr
     assert password not in pushed.stdout + pushed.stderr
 

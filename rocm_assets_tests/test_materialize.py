@@ -39,7 +39,7 @@ from dagster._core.workspace.load_target import ModuleTarget
 from dagster._daemon.run_coordinator.queued_run_coordinator_daemon import QueuedRunCoordinatorDaemon
 
 from rocm_assets.core.bake import load_graph
-from rocm_assets.core.build import HistoryRecord, builder_env
+from rocm_assets.core.build import HistoryRecord
 from rocm_assets.core.constants import ROCM_MAX_JOBS_TAG, ROCM_NODE_TAG
 from rocm_assets_tests.helpers import alive, wait_until
 from rocm_assets_tests.servers.dockerd import (
@@ -47,6 +47,7 @@ from rocm_assets_tests.servers.dockerd import (
     E2E_BUILDER,
     PROJECT_ROOT,
     Builders,
+    bake_push,
     copy_e2e,
     record_span,
 )
@@ -152,16 +153,8 @@ def materialize_cli(env: Mapping[str, str], *args: str) -> subprocess.CompletedP
 
 
 def publish(farm: Farm, target: str) -> None:
-    """`target` baked with its inputs linked in one invocation and pushed, outside Dagster (as
-    `make build-all` plus a push would): the input a later build finds in the registry."""
-    env = builder_env(E2E_BUILDER, {**farm.env, "GPU_ARCH": ARCH})
-    done = subprocess.run(
-        ["docker", "buildx", "bake", "-f", str(farm.bake_file), "--builder", E2E_BUILDER,
-         "--push", "--progress=plain", "--", target],
-        env=env, cwd=farm.bake_file.parent, capture_output=True, text=True,
-        timeout=HANG_GUARD_S, check=False,
-    )  # fmt: skip
-    assert done.returncode == 0, done.stdout[-3000:]
+    """`target` built and pushed outside Dagster: the input a later build finds in the registry."""
+    bake_push(E2E_BUILDER, farm.bake_file, {**farm.env, "GPU_ARCH": ARCH}, target)
 
 
 @contextmanager

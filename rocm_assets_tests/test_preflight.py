@@ -5,13 +5,13 @@ shipped rocm-bake.hcl, evaluated with REGISTRY pointing at that registry and a N
 test's own, so tests sharing the server never see each other's images; the CLI as a subprocess;
 Dagster runs (`dg.materialize` on `instance_for_test`). The 403 case puts the Zot fake, answering
 403 as a corporate proxy does, in front of the real registry through HTTP_PROXY. The in-run test
-replaces only `docker` (a script on PATH that records its argv and writes bake's metadata file).
+builds the e2e farm (rocm_assets_tests/fixtures/e2e) with real buildx 0.29 on Debian 13's dockerd,
+pushing to the same registry, and reads what was built from BuildKit's history.
 """
 
 import json
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import dagster as dg
@@ -27,6 +27,7 @@ from rocm_assets.defs.registry_checks import build_registry_checks
 from rocm_assets.defs.resources.bake import BakeResource
 from rocm_assets.defs.resources.registry import RegistryResource
 from rocm_assets_tests.helpers import PROJECT_ROOT, rocm_assets_cli
+from rocm_assets_tests.servers.dockerd import E2E_BAKE_FILE, E2E_BUILDER, Builders, bake_push
 from rocm_assets_tests.servers.fakes import FakeZot
 from rocm_assets_tests.servers.registry import RegistryServer
 
@@ -310,114 +311,103 @@ def test_cli_registry_option_and_mismatch(registry_server: RegistryServer, names
 
 # ##### INSIDE A RUN
 
-STAND_IN = """#!{python}
-# A `docker` that records its argv and writes bake's metadata file from STAND_IN_IMAGES.
-import json, os, sys
-with open(os.environ["STAND_IN_LOG"], "a") as log:
-    log.write(json.dumps(sys.argv[1:]) + "\\n")
-target = sys.argv[-1]
-image = json.loads(os.environ["STAND_IN_IMAGES"])[target]
-path = sys.argv[sys.argv.index("--metadata-file") + 1]
-with open(path, "w") as out:
-    json.dump({{target: {{"buildx.build.ref": "snoc-cloud/snoc-cloud0/" + "a" * 25,
-                         "containerimage.digest": image["digest"], "image.name": image["name"]}}}}, out)
-"""
-
-
-@pytest.fixture
-def stand_in(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """`docker` on PATH is the stand-in; returns its call log (absent until it is called)."""
-    bin_dir = tmp_path / "bin"
-    bin_dir.mkdir()
-    docker = bin_dir / "docker"
-    docker.write_text(STAND_IN.format(python=sys.executable))
-    docker.chmod(0o755)
-    log = tmp_path / "docker-calls.jsonl"
-    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
-    monkeypatch.setenv("STAND_IN_LOG", str(log))
-    return log
+E2E_NODE = "node-a"
 
 
 @pytest.mark.real
 def test_run_fails_before_bake_when_an_input_is_missing(
     registry_server: RegistryServer,
-    namespace: str,
-    stand_in: Path,
+    builders: Builders,
+    tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    # Bake and the run's preflight read these from the environment.
-    monkeypatch.setenv("REGISTRY", registry_server.host)
-    monkeypatch.setenv("NAMESPACE", namespace)
-    graph = graph_for(registry_server, namespace)
-    everything = [*build_bake_assets(load_graph(SHIPPED, {})), *build_registry_checks(graph)]
+    # The e2e farm on real buildx: bake and the run's preflight read REGISTRY from the env.
+    registry = f"{registry_server.host}/{registry_server.new_repo('preflight')}"
+    for name, value in builders.env.items():
+        monkeypatch.setenv(name, value)
+    for name in ("DOCKER_HOST", "DOCKER_CONTEXT", "PUBLISHED_INPUTS", "GPU_ARCH", "RUN_ID"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("REGISTRY", registry)
+    fleet = tmp_path / "fleet.yaml"
+    fleet.write_text(
+        f"nodes:\n  - name: {E2E_NODE}\n    builder: {E2E_BUILDER}\n    cores: 4\n"
+        "    mem_gb: 8\n    link_mbps: 1000\ntarget_costs:\n  reference: {cores: 4, mem_gb: 8}\n"
+    )
+    graph = load_graph(E2E_BAKE_FILE, {"REGISTRY": registry})
+    everything = [*build_bake_assets(graph), *build_registry_checks(graph)]
     resources = {
-        "bake": BakeResource(bake_file=str(SHIPPED), fleet_file=str(PROJECT_ROOT / "fleet.yaml")),
+        "bake": BakeResource(bake_file=str(E2E_BAKE_FILE), fleet_file=str(fleet)),
         "registry": RegistryResource(url=registry_server.url),
     }
     # Placed by tag, as the coordinator does, so no node is probed.
-    tags = {ROCM_NODE_TAG: "snoc-cloud", ROCM_MAX_JOBS_TAG: "4"}
-    selection = [dg.AssetKey("vllm"), dg.AssetKey("vllm-wheel")]
+    tags = {ROCM_NODE_TAG: E2E_NODE, ROCM_MAX_JOBS_TAG: "2"}
     with dg.instance_for_test() as instance:
         failed = dg.materialize(
             everything,
             instance=instance,
             resources=resources,
             partition_key="gfx942",
-            selection=[dg.AssetKey("vllm-wheel")],
+            selection=[dg.AssetKey("app-wheel")],
             tags=tags,
             raise_on_error=False,
         )
         assert not failed.success
-        assert not stand_in.exists()  # docker was never invoked
         failure = next(e for e in failed.all_events if e.is_step_failure)
         user = failure.step_failure_data.user_failure_data
-        vllm = image(registry_server, namespace, "vllm", f"{TORCH_TAG}-gfx942")
         assert user.description.splitlines()[0] == (
-            f"missing {vllm}: needed by vllm-wheel; built by asset vllm partition gfx942: "
-            f"{MODULE} --select vllm --partition gfx942"
+            f"missing {registry}/e2e/lib:gfx942: needed by app-wheel; built by asset lib "
+            f"partition gfx942: {MODULE} --select lib --partition gfx942"
         )
         assert ROCM_PREFLIGHT_TAG not in instance.get_run_by_id(failed.run_id).tags
+        # BuildKit never saw the run: bake was not invoked.
+        assert [r for r in builders.history(E2E_BUILDER) if failed.run_id in r.name] == []
 
-        # vllm's own inputs published: a run of vllm and vllm-wheel passes preflight once and
-        # builds both; vllm-wheel's input is vllm, which this run builds itself.
-        images = {}
-        push_missing(graph, registry_server, [Build("vllm", "gfx942")])
-        for target in ("vllm", "vllm-wheel"):
-            name = image(registry_server, namespace, target, f"{TORCH_TAG}-gfx942")
-            digest = registry_server.push_image(f"{namespace}/{target}", f"{TORCH_TAG}-gfx942")
-            images[target] = {"digest": digest, "name": name}
-        monkeypatch.setenv("STAND_IN_IMAGES", json.dumps(images))
+        # lib's inputs published: a run of lib and app-wheel passes preflight once and builds
+        # both; app-wheel's input is lib, which this run builds itself.
+        bake_push(
+            E2E_BUILDER, E2E_BAKE_FILE, {**os.environ, "GPU_ARCH": "gfx942"}, "base", "tool-wheel"
+        )
         passed = dg.materialize(
             everything,
             instance=instance,
             resources=resources,
             partition_key="gfx942",
-            selection=selection,
+            selection=[dg.AssetKey("lib"), dg.AssetKey("app-wheel")],
             tags=tags,
             raise_on_error=False,
         )
         assert passed.success
-        calls = [json.loads(line) for line in stand_in.read_text().splitlines()]
-        assert [call[-1] for call in calls] == ["vllm", "vllm-wheel"]
+        built = sorted(r.name for r in builders.history(E2E_BUILDER) if passed.run_id in r.name)
+        assert built == [
+            f"rocm-pytorch-build/{t}/gfx942/{passed.run_id}" for t in ("app-wheel", "lib")
+        ]
         run = instance.get_run_by_id(passed.run_id)
         assert run.tags[ROCM_PREFLIGHT_TAG] == passed.run_id
         logs = [e.user_message for e in instance.all_logs(passed.run_id)]
+        # lib's two inputs and app-wheel's one (built in this run, so not looked up).
         assert (
             logs.count(
-                f"preflight: 6 input images of 2 builds checked, all on {registry_server.url}"
+                f"preflight: 2 input images of 2 builds checked, all on {registry_server.url}"
             )
             == 1
         )
         # The checks after the builds read the tags back: they hold what was pushed.
         checks = passed.get_asset_check_evaluations()
-        assert {(c.asset_key, c.passed, c.description) for c in checks} == {
-            (
-                dg.AssetKey(t),
-                True,
-                f"the materialized tag {images[t]['name']} holds the image Dagster built",
-            )
-            for t in ("vllm", "vllm-wheel")
+        assert {(c.asset_key, c.passed) for c in checks} == {
+            (dg.AssetKey(t), True) for t in ("lib", "app-wheel")
         }
+        for check in checks:
+            target = check.asset_key.to_user_string()
+            digest = registry_server.digest(f"{registry}/e2e/{target}:gfx942")
+            assert check.description == (
+                f"the materialized tag {registry}/e2e/{target}:gfx942 holds the image Dagster built"
+            )
+            materialization = next(
+                m
+                for m in passed.get_asset_materialization_events()
+                if m.asset_key == check.asset_key
+            )
+            assert materialization.materialization.metadata["digest"].value == digest
 
 
 def push_missing(graph: BakeGraph, server: RegistryServer, builds: list[Build]) -> None:
@@ -449,7 +439,6 @@ def push_missing(graph: BakeGraph, server: RegistryServer, builds: list[Build]) 
 )
 def test_run_fails_before_bake_when_preflight_cannot_check(
     zot_fake: FakeZot,
-    stand_in: Path,
     monkeypatch: pytest.MonkeyPatch,
     registry_var: str | None,
     failure: str | None,
@@ -470,7 +459,8 @@ def test_run_fails_before_bake_when_preflight_cannot_check(
             selection=[dg.AssetKey("vllm-wheel")],
             raise_on_error=False,
         )
-    assert not result.success and not stand_in.exists()
+    # The step failed with preflight's reason, which it raises before any bake is invoked.
+    assert not result.success
     failure_event = next(e for e in result.all_events if e.is_step_failure)
     assert failure_event.step_failure_data.user_failure_data.description == description.format(
         url=zot_fake.url, host=zot_fake.host

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from rocm_assets.core.bake import load_graph
+from rocm_assets.core.bake.buildx import find_buildx
 from rocm_assets.core.recipes import check_recipes, exempt
 from rocm_assets_tests.helpers import PROJECT_ROOT, SHIPPED_BAKE_FILE, rocm_assets_cli
 
@@ -40,9 +41,12 @@ def test_the_shipped_files_are_clean() -> None:
     assert check_recipes(load_graph(SHIPPED_BAKE_FILE, {})) == []
     out = rocm_assets_cli("check")
     assert out.returncode == 0, out.stderr
-    assert out.stdout.endswith(
-        "ok: 16 targets, 27 edges, 3 groups, PUB_* references match for 5 arches, 16 Dockerfiles "
-        "take every arg and context in both input modes\n"
+    buildx = find_buildx()
+    assert buildx is not None, ".ci/setup installs docker-buildx"
+    assert out.stdout == (
+        f"{SHIPPED_BAKE_FILE}: ok: 16 targets, 27 edges, 3 groups, PUB_* references match for 5 "
+        "arches, 16 Dockerfiles take every arg and context in both input modes; resolved by "
+        f"docker buildx bake {buildx.version_text}, reads on buildx 0.13 and later\n"
     )
 
 

@@ -35,7 +35,12 @@ def tick_bake_file(path: Path, out_dir: Path, arches: int = TICK_ARCHES) -> Path
     """A copy of the bake file at `path`, written to `out_dir`, whose arch list is topped up to
     `arches` from EXTRA_ARCHES (the shipped file is never edited)."""
     text = path.read_text()
-    pattern = re.compile(rf"^(\s*{ARCH_LIST_ATTR}\s*=\s*\[)([^\]]*)\]", re.MULTILINE)
+    # Either a top-level `GPU_ARCHES = [...]` or the default of `variable "GPU_ARCHES"`.
+    pattern = re.compile(
+        rf'^(\s*{ARCH_LIST_ATTR}\s*=\s*\[|variable\s+"{ARCH_LIST_ATTR}"\s*{{\s*default\s*=\s*\[)'
+        r"([^\]]*)\]",
+        re.MULTILINE,
+    )
     match = pattern.search(text)
     if match is None:
         raise AssertionError(f"{path}: no `{ARCH_LIST_ATTR} = [...]` list to add arches to")

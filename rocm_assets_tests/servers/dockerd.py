@@ -358,6 +358,20 @@ def copy_e2e(dest: Path, *, arches: Sequence[str] | None = None, extra: str = ""
     return bake_file
 
 
+def bake_push(
+    builder: str, bake_file: Path, env: Mapping[str, str], *targets: str, timeout_s: float = 600.0
+) -> None:
+    """`targets` baked with their inputs linked in one invocation and pushed, outside Dagster (as
+    `make build-all` plus a push would): the inputs a later build finds in the registry."""
+    done = subprocess.run(
+        ["docker", "buildx", "bake", "-f", str(bake_file), "--builder", builder, "--push",
+         "--progress=plain", "--", *targets],
+        env=builder_env(builder, env), cwd=bake_file.parent, capture_output=True, text=True,
+        timeout=timeout_s, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout[-3000:]
+
+
 @pytest.fixture(scope="session")
 def e2e_context() -> Path:
     """The e2e farm's directory, ready to build: its roots copy busybox from it."""
