@@ -416,8 +416,10 @@ target "vllm-wheel" {
   contexts = USE_PUB ? {} : {
     "vllm" = "target:vllm"
   }
+  # VLLM_REF labels the wheel image with the vLLM it holds: a pin bump redefines both targets.
   args = {
     VLLM_IMAGE          = USE_PUB ? PUB_VLLM : "vllm"
+    VLLM_REF            = SDE_VLLM_REF
     BUILDKIT_BUILD_NAME = build_name("vllm-wheel", GPU_ARCH)
   }
   tags = [img("vllm-wheel", TORCH_TAG)]

@@ -51,6 +51,12 @@ variable "HOLD_S" {
   default = 3
 }
 
+# The sources' pin, as rocm-bake.hcl's SDE_* refs: bump it (env SDE_SRC_REF=v2) and src, then
+# torch and torch-wheel of every arch, are out of date; runtime and base are not.
+variable "SDE_SRC_REF" {
+  default = "v1"
+}
+
 USE_PUB = PUBLISHED_INPUTS
 ARCH_TAG = "1.0-${GPU_ARCH}"
 
@@ -108,6 +114,7 @@ target "src" {
   inherits   = ["_common"]
   dockerfile = "docker/src.Dockerfile"
   args = {
+    SRC_REF             = SDE_SRC_REF
     BUILDKIT_BUILD_NAME = build_name("src", "noarch")
   }
   tags = [img("src", "1.0")]

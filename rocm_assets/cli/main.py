@@ -10,7 +10,7 @@ import sys
 from collections.abc import Callable, Sequence
 
 from rocm_assets.cli import backfill, bench, buildall, graph, plan, preflight
-from rocm_assets.cli.common import EXIT_ERROR, EXIT_OK, CliError, Parser, add_fleet
+from rocm_assets.cli.common import EXIT_ERROR, EXIT_OK, CliError, Parser, add_bake_file, add_fleet
 from rocm_assets.core.bake import BakeError
 from rocm_assets.core.builds import SelectionError
 from rocm_assets.core.constants import DEFAULT_DAGSTER_URL
@@ -24,6 +24,13 @@ def cmd_watch(args: argparse.Namespace) -> int:
     from rocm_assets.cli.watch import cmd_watch as watch
 
     return watch(args)
+
+
+def cmd_stale(args: argparse.Namespace) -> int:
+    # Reads the Dagster instance, so Dagster is imported only for this command.
+    from rocm_assets.cli.stale import cmd_stale as stale
+
+    return stale(args)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -51,6 +58,15 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.set_defaults(func=cmd_watch)
     buildall.add_parser(sub)
+    p = sub.add_parser(
+        "stale",
+        help="what would rebuild and why: missing, code version changed, input rebuilt",
+        description="Per target and arch, what Dagster holds out of date and why, from the "
+        "instance in $DAGSTER_HOME and the bake file. Exit 0 whatever it finds.",
+    )
+    add_bake_file(p)
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_stale)
     return parser
 
 

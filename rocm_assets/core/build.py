@@ -26,15 +26,18 @@ from rocm_assets.core import bake_guard
 from rocm_assets.core.bake.buildx import find_buildx
 from rocm_assets.core.constants import (
     ARCH_VAR,
+    BUILD_NAME_ARG,
     BUILD_NAME_PREFIX,
+    MAX_JOBS_ARG,
     NOARCH,
     PUBLISHED_INPUTS_VAR,
     RUN_ID_VAR,
+    SCCACHE_LOG_VAR,
 )
 
 # The caller's settings that reach bake through the environment, shown in the copyable command;
 # DOCKER_CONTEXT reaches a docker-driver node.
-PASSTHROUGH_VARS = ("SCCACHE_LOG", "CACHE_TAG_SUFFIX", "REGISTRY", "DOCKER_CONTEXT")
+PASSTHROUGH_VARS = (SCCACHE_LOG_VAR, "CACHE_TAG_SUFFIX", "REGISTRY", "DOCKER_CONTEXT")
 PASSTHROUGH_PREFIXES = ("SDE_",)
 # Longer than the guard's own grace for bake, so the guard is never killed before bake is.
 _TERMINATE_GRACE_S = bake_guard.GRACE_S + 10.0
@@ -160,8 +163,8 @@ def bake_invocation(
         "--push",
         "--metadata-file", str(metadata_file),
         f"--progress={progress}",
-        "--set", f"{target}.args.BUILDKIT_BUILD_NAME={name}",
-        "--set", f"{target}.args.MAX_JOBS={max_jobs}",
+        "--set", f"{target}.args.{BUILD_NAME_ARG}={name}",
+        "--set", f"{target}.args.{MAX_JOBS_ARG}={max_jobs}",
         # Options end here: no target name can be read as a flag.
         "--", target,
     )  # fmt: skip

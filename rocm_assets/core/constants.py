@@ -48,11 +48,17 @@ TEST_TARGETS_ATTR = "TEST_TARGETS"
 WHEELS_GROUP = "wheels"
 PUBLISHED_INPUTS_VAR = "PUBLISHED_INPUTS"
 RUN_ID_VAR = "RUN_ID"
+# Build args every build is given on the command line, and the sccache log level it passes.
+MAX_JOBS_ARG = "MAX_JOBS"
+BUILD_NAME_ARG = "BUILDKIT_BUILD_NAME"
+SCCACHE_LOG_VAR = "SCCACHE_LOG"
 REGISTRY_VAR = "REGISTRY"
 
 # The history-name prefix: this repository's name, so the sibling project's builds stay apart.
 BUILD_NAME_PREFIX = "rocm-pytorch-build"
 NOARCH = "noarch"
+# Each asset carries a tag per bake group it is in: rocm-group/<group>.
+GROUP_TAG_PREFIX = "rocm-group/"
 
 # The module `dagster asset materialize -m` loads; preflight names it in the commands it prints.
 DEFINITIONS_MODULE = "rocm_assets.definitions"

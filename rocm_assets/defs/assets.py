@@ -9,10 +9,13 @@ from rocm_assets.core.bake import BakeGraph
 from rocm_assets.core.bake.names import job_name, op_name
 from rocm_assets.core.constants import (
     FANOUT_PARENT,
+    GROUP_TAG_PREFIX,
     ROCM_FANOUT_OF_TAG,
     ROCM_FANOUT_TAG,
     WHEELS_GROUP,
 )
+from rocm_assets.core.versions import definitions
+from rocm_assets.defs.automation import rebuild_condition
 from rocm_assets.defs.freshness import freshness_policy
 from rocm_assets.defs.resources.bake import BakeResource
 from rocm_assets.defs.resources.registry import RegistryResource
@@ -22,7 +25,6 @@ if TYPE_CHECKING:
     from rocm_assets.instance.dagster_internals import UnresolvedAssetJobDefinition
 
 ASSET_GROUP = "rocm"
-GROUP_TAG_PREFIX = "rocm-group/"
 
 
 def arch_partitions(graph: BakeGraph) -> dg.StaticPartitionsDefinition:
@@ -61,8 +63,11 @@ def _description(graph: BakeGraph, target: str) -> str:
 
 
 def build_asset_specs(graph: BakeGraph) -> list[dg.AssetSpec]:
-    """The specs: keys, deps, partitions, kinds, tags and freshness, all from the graph."""
+    """The specs: keys, deps, partitions, kinds, tags, freshness, code versions and the
+    automation condition, all from the graph."""
     partitions = arch_partitions(graph)
+    versions = definitions(graph)
+    condition = rebuild_condition()
     specs = []
     for target in graph.asset_targets:
         groups = graph.groups_of(target)
@@ -83,6 +88,9 @@ def build_asset_specs(graph: BakeGraph) -> list[dg.AssetSpec]:
                     "tag_example": resolved.tags[0] if resolved.tags else "",
                 },
                 freshness_policy=freshness_policy(target),
+                # What decides the build (rocm_assets.core.versions): a change makes it unsynced.
+                code_version=versions[target].version,
+                automation_condition=condition,
                 # A fanned-out request's own run yields nothing for it (see _materializer).
                 skippable=True,
             )

@@ -6,6 +6,7 @@ from rocm_assets.core.bake import load_graph
 from rocm_assets.core.settings import bake_file_path
 from rocm_assets.defs.alerts import freshness_alert_sensor
 from rocm_assets.defs.assets import build_bake_assets, build_jobs
+from rocm_assets.defs.automation import build_automation_sensor
 from rocm_assets.defs.checks import GpuTestResource, build_gpu_test_checks, build_gpu_test_jobs
 from rocm_assets.defs.registry_checks import build_registry_checks
 from rocm_assets.defs.resources.bake import BakeResource
@@ -20,7 +21,11 @@ def defs() -> dg.Definitions:
         assets=build_bake_assets(graph),
         asset_checks=[*build_registry_checks(graph), *build_gpu_test_checks(graph)],
         jobs=[*build_jobs(graph), *build_gpu_test_jobs(graph)],
-        sensors=[build_registry_observation_sensor(graph), freshness_alert_sensor],
+        sensors=[
+            build_registry_observation_sensor(graph),
+            build_automation_sensor(graph),
+            freshness_alert_sensor,
+        ],
         resources={
             "bake": BakeResource(),
             "registry": RegistryResource.from_env(),

@@ -37,6 +37,7 @@ from rocm_assets.core.constants import (
 from rocm_assets.core.fleet import Fleet, FleetError, Node, fleet_path, load_fleet
 from rocm_assets.core.probes import probe_node
 from rocm_assets.core.settings import bake_file_path
+from rocm_assets.core.versions import DEFINITION_METADATA, definition
 from rocm_assets.defs.registry_checks import latest_built_digest, preflight_run
 from rocm_assets.defs.resources.registry import RegistryResource
 
@@ -317,6 +318,9 @@ class BakeResource(dg.ConfigurableResource):
         graph = self.graph()
         # Before placement and bake: a missing input fails here, not at step 1 of a build.
         preflight_run(context, registry, graph)
+        # What this build is defined by, read before bake reads it: `rocm-assets stale` names
+        # what changed since.
+        built_from = definition(graph, target)
         fleet = self.fleet()
         partition = context.partition_key if target in graph.per_arch else None
         build = Build(target, partition)
@@ -338,6 +342,7 @@ class BakeResource(dg.ConfigurableResource):
             "tags": dg.MetadataValue.json(summary["tags"]),
             "started_at": dg.MetadataValue.timestamp(summary["started_at"]),
             "finished_at": dg.MetadataValue.timestamp(summary["finished_at"]),
+            DEFINITION_METADATA: dg.MetadataValue.json(built_from.to_json()),
         }
         return dg.MaterializeResult(metadata=metadata, data_version=dg.DataVersion(result.digest))
 
