@@ -52,6 +52,7 @@ EVERY_BUILD = {
 # A guard against a hung farm, not a timing: each build takes seconds.
 HANG_GUARD_S = 600.0
 INTERVAL_S = 1
+DATA_VERSION = "dagster/data_version"
 
 
 def copy_farm(dest: Path) -> Path:
@@ -304,3 +305,37 @@ def test_code_versions_follow_the_definition_only(tmp_path: Path) -> None:
     assert {t: d.version for t, d in definitions(wider).items()} == {
         t: d.version for t, d in edited.items()
     }
+
+
+def test_stale_names_a_push_outside_dagster_and_needs_an_instance(tmp_path: Path) -> None:
+    bake_file = copy_farm(tmp_path / "farm")
+    home = tmp_path / "home"
+    home.mkdir()
+    env = {**os.environ, "ROCM_BAKE_FILE": str(bake_file)}
+    env.pop("DAGSTER_HOME", None)
+    cli = [sys.executable, "-m", "rocm_assets.cli", "stale"]
+    done = subprocess.run(cli, env=env, capture_output=True, text=True, check=False)
+    assert (done.returncode, done.stdout) == (2, "")
+    assert done.stderr.startswith("rocm-assets: error: DAGSTER_HOME is not set")
+    with instance_for_test(temp_dir=str(home)) as instance:
+        # runtime gfx942 built as sha256:a, then the registry's tag seen holding sha256:b.
+        instance.report_runless_asset_event(
+            dg.AssetMaterialization("runtime", partition="gfx942", tags={DATA_VERSION: "sha256:a"})
+        )
+        instance.report_runless_asset_event(
+            dg.AssetObservation("runtime", partition="gfx942", tags={DATA_VERSION: "sha256:b"})
+        )
+    done = subprocess.run(
+        [*cli, "--json"], env={**env, "DAGSTER_HOME": str(home)}, capture_output=True,
+        text=True, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    report = json.loads(done.stdout)
+    rows = {(r["target"], r["partition"]): r for r in report["rebuild"]}
+    assert report["checked"] == len(EVERY_BUILD)
+    assert rows[("runtime", "gfx942")]["reasons"] == [
+        "registry holds sha256:b, pushed outside Dagster"
+    ]
+    assert rows[("base", "gfx942")]["reasons"] == ["missing", "after input runtime gfx942"]
+    assert rows[("runtime", "gfx1100")]["reasons"] == ["missing"]
+    assert len(rows) == len(EVERY_BUILD)
