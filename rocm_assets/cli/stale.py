@@ -11,11 +11,11 @@ import os
 import sys
 
 import dagster as dg
-from dagster._core.definitions.assets.graph.asset_graph import AssetGraph
 
 from rocm_assets.cli.common import EXIT_ERROR, EXIT_OK, graph_of, out
 from rocm_assets.defs.assets import build_bake_assets
 from rocm_assets.defs.staleness import stale_report
+from rocm_assets.instance.dagster_internals import AssetGraph
 
 
 def cmd_stale(args: argparse.Namespace) -> int:

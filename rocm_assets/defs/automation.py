@@ -14,11 +14,9 @@ leaves the assets of those bake groups to hand.
 import os
 
 import dagster as dg
-from dagster._core.definitions.data_version import StaleStatus
 
 from rocm_assets.core.bake import BakeGraph
 from rocm_assets.core.constants import GROUP_TAG_PREFIX
-from rocm_assets.defs.staleness import stale_resolver
 
 SENSOR_NAME = "rebuild_automation_sensor"
 AUTOMATION_ENV = "ROCM_AUTOMATION"
@@ -37,6 +35,9 @@ class OutOfDate(dg.AutomationCondition):
         return "out_of_date"
 
     def evaluate(self, context: dg.AutomationContext) -> dg.AutomationResult:  # type: ignore[override]
+        # Evaluated by the sensor only: the code location loads without the instance side.
+        from rocm_assets.instance.dagster_internals import StaleStatus, stale_resolver
+
         view = context.asset_graph_view
         resolver = stale_resolver(view.instance, context.asset_graph, view)
         stale = {

@@ -9,22 +9,21 @@ move since the last build says `pushed outside Dagster`.
 
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
 
 import dagster as dg
-from dagster._core.asset_graph_view.asset_graph_view import AssetGraphView, TemporalContext
-from dagster._core.definitions.assets.graph.base_asset_graph import BaseAssetGraph
-from dagster._core.definitions.data_version import (
-    CachingStaleStatusResolver,
-    StaleCause,
-    StaleCauseCategory,
-    StaleStatus,
-)
-from dagster._core.definitions.events import AssetKeyPartitionKey
 
 from rocm_assets.core.bake import BakeGraph
 from rocm_assets.core.constants import NOARCH
 from rocm_assets.core.versions import DEFINITION_METADATA, changes, definitions
+from rocm_assets.instance.dagster_internals import (
+    AssetKeyPartitionKey,
+    BaseAssetGraph,
+    StaleCause,
+    StaleCauseCategory,
+    StaleStatus,
+    stale_resolver,
+    stale_view,
+)
 
 DATA_VERSION_TAG = "dagster/data_version"
 
@@ -49,17 +48,6 @@ class StaleRow:
             "status": self.status,
             "reasons": self.reasons,
         }
-
-
-def stale_resolver(
-    instance: dg.DagsterInstance, asset_graph: BaseAssetGraph, view: AssetGraphView
-) -> CachingStaleStatusResolver:
-    return CachingStaleStatusResolver(
-        instance,
-        asset_graph,
-        loading_context=view,
-        instance_queryer=view.get_inner_queryer_for_back_compat(),
-    )
 
 
 def _latest(
@@ -138,14 +126,7 @@ def stale_report(
     instance: dg.DagsterInstance, graph: BakeGraph, asset_graph: BaseAssetGraph
 ) -> tuple[list[StaleRow], int]:
     """Every asset partition that would rebuild, inputs first, and how many were looked at."""
-    view = AssetGraphView(
-        temporal_context=TemporalContext(
-            effective_dt=datetime.now(UTC),
-            last_event_id=instance.event_log_storage.get_maximum_record_id(),
-        ),
-        instance=instance,
-        asset_graph=asset_graph,
-    )
+    view = stale_view(instance, asset_graph)
     resolver = stale_resolver(instance, asset_graph, view)
     explain = _Explainer(instance, graph)
     rows: dict[tuple[str, str | None], StaleRow] = {}

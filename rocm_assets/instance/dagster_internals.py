@@ -14,17 +14,31 @@ Each is here because no public API does the job in Dagster 1.13:
 - `called_by_run_queue_daemon` tells the queued-run daemon's call of `get_run_queue_config` from
   the same call made by a run worker or the webserver: Dagster gives the hook no caller, and only
   the daemon may place runs. It looks for the daemon's `run_iteration` on the call stack.
+- `stale_resolver`, `stale_view`, `AssetGraph` and the `Stale*` types are Dagster's staleness (the
+  UI's "unsynced"): the automation condition and `rocm-assets stale` ask the resolver the UI
+  asks, as no public API gives an asset partition's stale status or its causes.
 - `subset_run` creates a run of one asset of a job (the fan-out of a multi-build request):
   there is no public way to subset a remote job and create its run from inside a coordinator.
 """
 
 import inspect
 from collections.abc import Mapping
+from datetime import UTC, datetime
 from functools import cache
 from types import CodeType
 
 import dagster as dg
 from dagster._config import UserConfigSchema as UserConfigSchema
+from dagster._core.asset_graph_view.asset_graph_view import AssetGraphView, TemporalContext
+from dagster._core.definitions.assets.graph.asset_graph import AssetGraph as AssetGraph
+from dagster._core.definitions.assets.graph.base_asset_graph import BaseAssetGraph
+from dagster._core.definitions.data_version import (
+    CachingStaleStatusResolver,
+    StaleCause as StaleCause,
+    StaleCauseCategory as StaleCauseCategory,
+    StaleStatus as StaleStatus,
+)
+from dagster._core.definitions.events import AssetKeyPartitionKey as AssetKeyPartitionKey
 from dagster._core.definitions.selector import JobSubsetSelector
 from dagster._core.definitions.unresolved_asset_job_definition import (
     UnresolvedAssetJobDefinition as UnresolvedAssetJobDefinition,
@@ -100,3 +114,27 @@ def called_by_run_queue_daemon() -> bool:
             return True
         frame = frame.f_back
     return False
+
+
+def stale_view(instance: dg.DagsterInstance, asset_graph: BaseAssetGraph) -> AssetGraphView:
+    """The asset graph as of now, over the instance's latest event."""
+    return AssetGraphView(
+        temporal_context=TemporalContext(
+            effective_dt=datetime.now(UTC),
+            last_event_id=instance.event_log_storage.get_maximum_record_id(),
+        ),
+        instance=instance,
+        asset_graph=asset_graph,
+    )
+
+
+def stale_resolver(
+    instance: dg.DagsterInstance, asset_graph: BaseAssetGraph, view: AssetGraphView
+) -> CachingStaleStatusResolver:
+    """Dagster's stale-status resolver, sharing `view`'s cached instance queries."""
+    return CachingStaleStatusResolver(
+        instance,
+        asset_graph,
+        loading_context=view,
+        instance_queryer=view.get_inner_queryer_for_back_compat(),
+    )
