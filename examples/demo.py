@@ -49,8 +49,8 @@ import httpx
 import yaml
 
 from rocm_assets.core.bake import BakeError, load_graph
-from rocm_assets.core.build import BUILDX_INSTALL_HINT
-from rocm_assets.core.fleet import Fleet, FleetError, load_fleet
+from rocm_assets.core.build.invocation import BUILDX_INSTALL_HINT
+from rocm_assets.core.nodes.fleet import Fleet, FleetError, load_fleet
 
 ROOT = Path(__file__).resolve().parent.parent
 FARM = ROOT / "examples" / "farm"

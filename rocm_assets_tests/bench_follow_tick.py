@@ -22,7 +22,7 @@ from pytest_benchmark.fixture import BenchmarkFixture
 
 from rocm_assets.cli.bench.scenarios import arch_names, make_problem, random_fleet, real_builds
 from rocm_assets.core.bake import BakeGraph, load_graph
-from rocm_assets.core.fleet import Fleet, load_fleet
+from rocm_assets.core.nodes.fleet import Fleet, load_fleet
 from rocm_assets.core.placement import Build, CostModel
 from rocm_assets.core.placement.farm import FarmState, FollowSettings, Running
 from rocm_assets.core.placement.follow import PlanFollower

@@ -14,7 +14,7 @@ import pytest
 from dagster._core.events import DagsterEvent, DagsterEventType, StepMaterializationData
 from dagster._core.test_utils import create_run_for_test, instance_for_test
 
-from rocm_assets.core.constants import (
+from rocm_assets.core.common.constants import (
     PLACEMENT_PLACED,
     PLACEMENT_WAITING,
     ROCM_BUILD_TAG,

@@ -34,7 +34,7 @@ from dagster._daemon.run_coordinator.queued_run_coordinator_daemon import Queued
 from dagster._daemon.sensor import execute_sensor_iteration
 
 from rocm_assets.core.bake import load_graph
-from rocm_assets.core.versions import definitions
+from rocm_assets.core.build.versions import definitions
 from rocm_assets.defs.assets import build_bake_assets
 from rocm_assets.defs.automation import SENSOR_NAME
 from rocm_assets_tests.servers.dockerd import Builders, Dockerd, make_builders, place_busybox

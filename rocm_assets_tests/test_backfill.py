@@ -41,9 +41,9 @@ from dagster._core.instance.ref import InstanceRef
 
 from rocm_assets.cli.backfill import asset_backfill_params, select, ui_url
 from rocm_assets.core.bake import load_graph
-from rocm_assets.core.build import HistoryRecord
-from rocm_assets.core.builds import Build, SelectionError, build_deps
-from rocm_assets.core.constants import (
+from rocm_assets.core.build.builds import Build, SelectionError, build_deps
+from rocm_assets.core.build.invocation import HistoryRecord
+from rocm_assets.core.common.constants import (
     FANOUT_PARENT,
     NOARCH,
     ROCM_BUILD_TAG,

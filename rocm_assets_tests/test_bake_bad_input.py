@@ -14,7 +14,7 @@ import pytest
 
 from rocm_assets.core.bake import BakeError, load_bake, load_graph, resolve
 from rocm_assets.core.bake.limits import MAX_DEPTH, MAX_PARSE_DEPTH, MAX_STEPS, MAX_VALUE_DEPTH
-from rocm_assets.core.builds import SelectionError, check_arches
+from rocm_assets.core.build.builds import SelectionError, check_arches
 from rocm_assets_tests.helpers import SHIPPED_BAKE_FILE, rocm_assets_cli
 
 # The least a file needs to be a graph: the arch list, the arch variable, the input switch.

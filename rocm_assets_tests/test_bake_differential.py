@@ -27,7 +27,7 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 from rocm_assets.core.bake import load_bake
 from rocm_assets.core.bake.evaluate import Evaluation
 from rocm_assets.core.bake.values import to_string
-from rocm_assets.core.constants import ARCH_LIST_ATTR, ARCH_VAR, PUBLISHED_INPUTS_VAR
+from rocm_assets.core.common.constants import ARCH_LIST_ATTR, ARCH_VAR, PUBLISHED_INPUTS_VAR
 from rocm_assets_tests.helpers import PROJECT_ROOT
 from rocm_assets_tests.helpers.bake_oracle import EXACT, REFUSED, TOO_OLD, judge
 

@@ -25,7 +25,7 @@ import yaml
 from rocm_assets.cli.bench import overhead, results, run, scenarios, targets
 from rocm_assets.cli.gantt import GanttError, write_gantt
 from rocm_assets.core.bake import load_graph
-from rocm_assets.core.builds import build_deps, builds_for
+from rocm_assets.core.build.builds import build_deps, builds_for
 from rocm_assets.core.placement import Build, CostModel, Problem, plan, simulate
 from rocm_assets_tests.helpers import PROJECT_ROOT, free_port, rocm_assets_cli, write_fleet
 from rocm_assets_tests.helpers.placement import (

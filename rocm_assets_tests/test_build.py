@@ -1,4 +1,4 @@
-"""rocm_assets.core.build: the bake command, its metadata, its failures, its output.
+"""rocm_assets.core.build.invocation: the bake command, its metadata, its failures, its output.
 
 Real: Debian 13's dockerd 26 (a docker context of it is the builder, as a docker-driver farm node
 is), the docker CLI with Debian's buildx 0.29 (and Debian 13's 0.13 where a test says so), Debian's
@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from rocm_assets.core.build import (
+from rocm_assets.core.build.invocation import (
     BakeInvocation,
     BuildError,
     bake_invocation,
@@ -511,7 +511,7 @@ def test_an_exception_in_the_caller_cancels_the_build_on_its_node(
 _WORKER = """
 import json, os, sys
 from pathlib import Path
-from rocm_assets.core.build import bake_invocation, run_bake
+from rocm_assets.core.build.invocation import bake_invocation, run_bake
 spec = json.loads(sys.argv[1])
 inv = bake_invocation(
     bake_file=Path(spec["bake_file"]), target="base", arch="gfx942", partition="gfx942",

@@ -24,8 +24,8 @@ from dagster._daemon.run_coordinator.queued_run_coordinator_daemon import Queued
 
 from rocm_assets.cli.watch import frame
 from rocm_assets.core.bake import load_graph
-from rocm_assets.core.builds import Build, build_deps
-from rocm_assets.core.constants import (
+from rocm_assets.core.build.builds import Build, build_deps
+from rocm_assets.core.common.constants import (
     FANOUT_PARENT,
     PLACEMENT_PLACED,
     PLACEMENT_WAITING,
@@ -38,7 +38,7 @@ from rocm_assets.core.constants import (
     ROCM_PLACEMENT_TAG,
     ROCM_WAITING_FOR_TAG,
 )
-from rocm_assets.core.fleet import load_fleet
+from rocm_assets.core.nodes.fleet import load_fleet
 from rocm_assets.core.placement.farm import FollowSettings
 from rocm_assets.core.placement.follow import COORDINATOR_STRATEGY
 from rocm_assets.instance import claims

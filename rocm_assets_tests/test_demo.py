@@ -32,10 +32,10 @@ from dagster._core.instance.ref import InstanceRef
 
 from rocm_assets.core.bake import load_graph
 from rocm_assets.core.bake.buildx import find_buildx
-from rocm_assets.core.build import BUILDX_INSTALL_HINT, HistoryRecord, history
-from rocm_assets.core.builds import Build, build_deps
-from rocm_assets.core.constants import ROCM_BUILD_TAG, ROCM_NODE_TAG
-from rocm_assets.core.fleet import load_fleet
+from rocm_assets.core.build.builds import Build, build_deps
+from rocm_assets.core.build.invocation import BUILDX_INSTALL_HINT, HistoryRecord, history
+from rocm_assets.core.common.constants import ROCM_BUILD_TAG, ROCM_NODE_TAG
+from rocm_assets.core.nodes.fleet import load_fleet
 from rocm_assets_tests.helpers import PROJECT_ROOT, alive, free_port
 from rocm_assets_tests.servers.dockerd import BUSYBOX, Builders, Dockerd, remove_root
 from rocm_assets_tests.servers.fakes import MANIFEST_ACCEPT

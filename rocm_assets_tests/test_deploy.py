@@ -48,7 +48,7 @@ from dagster._core.storage.local_compute_log_manager import LocalComputeLogManag
 from dagster._serdes import ConfigurableClassData
 from dagster_docker import DockerRunLauncher
 
-from rocm_assets.core import constants
+from rocm_assets.core.common import constants
 from rocm_assets.instance.coordinator import PlacementRunCoordinator
 from rocm_assets_tests.helpers import PROJECT_ROOT
 from rocm_assets_tests.servers.dockerd import Dockerd

@@ -1,4 +1,4 @@
-"""Tests for rocm_assets.core.fleet: manifest validation, path resolution, probe parsing and probing.
+"""Tests for rocm_assets.core.nodes.fleet: manifest validation, path resolution, probe parsing and probing.
 
 Real parts: the probes run against Debian's OpenSSH sshd started by the `sshd_server` fixture
 (rocm_assets_tests/servers/sshd.py) on loopback, with real key exchange, host-key checking,
@@ -18,8 +18,8 @@ from typing import Any
 import pytest
 import yaml
 
-from rocm_assets.core.constants import FLEET_FILE_ENV, SSH_KNOWN_HOSTS_ENV
-from rocm_assets.core.fleet import (
+from rocm_assets.core.common.constants import FLEET_FILE_ENV, SSH_KNOWN_HOSTS_ENV
+from rocm_assets.core.nodes.fleet import (
     DEFAULT_TARGET_COST,
     Fleet,
     FleetError,
@@ -29,7 +29,7 @@ from rocm_assets.core.fleet import (
     load_fleet,
     parse_fleet,
 )
-from rocm_assets.core.probes import (
+from rocm_assets.core.nodes.probes import (
     CpuSample,
     NodeProbe,
     ProbeError,

@@ -14,7 +14,7 @@ from typing import Any
 import yaml
 from hypothesis import HealthCheck, event, given, settings, strategies as st
 
-from rocm_assets.core.fleet import Fleet, FleetError, parse_fleet
+from rocm_assets.core.nodes.fleet import Fleet, FleetError, parse_fleet
 from rocm_assets_tests.helpers import SHIPPED_FLEET
 
 SOURCE = "fleet.yaml"

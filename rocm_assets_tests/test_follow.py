@@ -30,7 +30,7 @@ from rocm_assets.core.placement.runners import (
 )
 from rocm_assets.core.placement.simulate import SimulationError, noise_factors, simulate
 from rocm_assets.core.placement.simulated import SimulatedCoordinator
-from rocm_assets.core.solver import solve
+from rocm_assets.core.placement.solver import solve
 from rocm_assets_tests.helpers.placement import (
     FakeCost,
     FakeFleet,

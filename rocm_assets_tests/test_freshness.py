@@ -30,7 +30,7 @@ from dagster._core.workspace.load_target import InProcessWorkspaceLoadTarget
 from dagster._daemon.freshness import FreshnessDaemon
 
 from rocm_assets.core.bake import load_graph
-from rocm_assets.core.constants import ALERT_WEBHOOK_ENV, BAKE_FILE_ENV
+from rocm_assets.core.common.constants import ALERT_WEBHOOK_ENV, BAKE_FILE_ENV
 from rocm_assets.defs.alerts import freshness_alert_sensor
 from rocm_assets.defs.assets import build_bake_assets
 from rocm_assets.defs.freshness import DEFAULT_WINDOW, WINDOWS, freshness_window

@@ -16,15 +16,15 @@ from pathlib import Path
 
 import pytest
 
-from rocm_assets.core.constants import SSH_KNOWN_HOSTS_ENV
-from rocm_assets.core.fleet import Node
-from rocm_assets.core.known_hosts import (
+from rocm_assets.core.common.constants import SSH_KNOWN_HOSTS_ENV
+from rocm_assets.core.nodes.fleet import Node
+from rocm_assets.core.nodes.known_hosts import (
     HostKeyRejected,
     KnownHost,
     check_host_key,
     parse_known_hosts,
 )
-from rocm_assets.core.probes import NodeCommandError, probe_node, run_on_node
+from rocm_assets.core.nodes.probes import NodeCommandError, probe_node, run_on_node
 from rocm_assets_tests.servers.sshd import SshdServer
 
 # Generous per-phase bound: on a loaded 2-core CI box sshd can take over 2 s to send its
@@ -248,7 +248,7 @@ def test_unreadable_lines_are_skipped_with_a_note_naming_them(
 ) -> None:
     lines = ["@bogus-marker x ssh-ed25519 AAAA", "garbage", *_fixture_lines(sshd_server)]
     known = _write(tmp_path / "known_hosts", lines)
-    with caplog.at_level(logging.WARNING, logger="rocm_assets.core.known_hosts"):
+    with caplog.at_level(logging.WARNING, logger="rocm_assets.core.nodes.known_hosts"):
         for _ in range(2):
             probe = probe_node(
                 _node(sshd_server),

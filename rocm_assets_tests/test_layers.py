@@ -123,3 +123,88 @@ def test_private_dagster_apis_stay_in_one_module() -> None:
     }
     users = {name for name, mods in private.items() if mods}
     assert users == {"rocm_assets.instance.dagster_internals"}
+
+
+def _import_graph() -> dict[str, set[str]]:
+    """Module -> the package's modules it imports (at the top, lazily or for types only);
+    `from pkg import mod` is an edge to `mod`, not to `pkg`."""
+    modules = {_module(p): p for p in PACKAGE.rglob("*.py")}
+
+    def owner(name: str) -> str | None:
+        while name and name not in modules:
+            name = name.rpartition(".")[0]
+        return name or None
+
+    graph: dict[str, set[str]] = {}
+    for name, path in modules.items():
+        found: set[str | None] = set()
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.Import):
+                found.update(owner(a.name) for a in node.names if a.name.startswith("rocm_assets"))
+            elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith("rocm_assets"):
+                for alias in node.names:
+                    full = f"{node.module}.{alias.name}"
+                    found.add(full if full in modules else owner(str(node.module)))
+        graph[name] = {m for m in found if m and m != name}
+    return graph
+
+
+def _circles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected groups of more than one module (Tarjan's, iteratively)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    circles = []
+    for root in sorted(graph):
+        if root in index:
+            continue
+        work = [(root, iter(sorted(graph[root])))]
+        index[root] = low[root] = len(index)
+        stack.append(root)
+        on_stack.add(root)
+        while work:
+            node, children = work[-1]
+            child = next(children, None)
+            if child is not None:
+                if child not in index:
+                    index[child] = low[child] = len(index)
+                    stack.append(child)
+                    on_stack.add(child)
+                    work.append((child, iter(sorted(graph[child]))))
+                elif child in on_stack:
+                    low[node] = min(low[node], index[child])
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[node])
+            if low[node] == index[node]:
+                group = []
+                while True:
+                    member = stack.pop()
+                    on_stack.discard(member)
+                    group.append(member)
+                    if member == node:
+                        break
+                if len(group) > 1:
+                    circles.append(sorted(group))
+    return circles
+
+
+def test_no_module_imports_one_that_imports_it_back() -> None:
+    # Type-only and lazy imports count: a circle is a circle however it is hidden.
+    assert _circles(_import_graph()) == []
+    assert _circles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+
+
+def test_core_is_a_few_rooms_grouped_by_concern() -> None:
+    entries = sorted(p.name for p in (PACKAGE / "core").iterdir() if p.name != "__pycache__")
+    assert len(entries) <= 8, entries
+    assert entries == [
+        "__init__.py", "bake", "build", "common", "nodes", "placement", "registry",
+    ]  # fmt: skip
+    # The shared names depend on no room; every room may use them.
+    common = {
+        m: deps for m, deps in _import_graph().items() if m.startswith("rocm_assets.core.common")
+    }
+    assert {m: d for m, d in common.items() if d - set(common)} == {}

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from rocm_assets.core.build import HistoryRecord, builder_env
+from rocm_assets.core.build.invocation import HistoryRecord, builder_env
 from rocm_assets_tests.helpers import PROJECT_ROOT, free_port, write_fleet
 from rocm_assets_tests.servers.dockerd import E2E_BAKE_FILE, E2E_BUILDER, Builders, record_span
 from rocm_assets_tests.servers.registry import RegistryServer

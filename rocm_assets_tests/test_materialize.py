@@ -39,8 +39,8 @@ from dagster._core.workspace.load_target import ModuleTarget
 from dagster._daemon.run_coordinator.queued_run_coordinator_daemon import QueuedRunCoordinatorDaemon
 
 from rocm_assets.core.bake import load_graph
-from rocm_assets.core.build import HistoryRecord
-from rocm_assets.core.constants import ROCM_MAX_JOBS_TAG, ROCM_NODE_TAG
+from rocm_assets.core.build.invocation import HistoryRecord
+from rocm_assets.core.common.constants import ROCM_MAX_JOBS_TAG, ROCM_NODE_TAG
 from rocm_assets_tests.helpers import alive, wait_until
 from rocm_assets_tests.servers.dockerd import (
     E2E_BAKE_FILE,

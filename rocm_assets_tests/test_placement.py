@@ -1,8 +1,8 @@
 """Placement: cost model, strategies, lower bounds, schedule validation, the online decision.
 
 No server is involved: placement is pure. Most cases use small local stand-ins with the
-attribute names of rocm_assets.core.fleet (placement reads them through Protocols); one case loads the
-shipped fleet.yaml through the real rocm_assets.core.fleet models and NodeProbe.
+attribute names of rocm_assets.core.nodes.fleet (placement reads them through Protocols); one case loads the
+shipped fleet.yaml through the real rocm_assets.core.nodes.fleet models and NodeProbe.
 """
 
 import random
@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from rocm_assets.core.fleet import load_fleet
+from rocm_assets.core.nodes.fleet import load_fleet
+from rocm_assets.core.nodes.probes import NodeProbe
 from rocm_assets.core.placement import (
     ALPHA,
     STRATEGIES,
@@ -26,7 +27,6 @@ from rocm_assets.core.placement import (
     plan,
     validate_schedule,
 )
-from rocm_assets.core.probes import NodeProbe
 from rocm_assets_tests.helpers.placement import (
     FakeCost,
     FakeFleet,
@@ -520,7 +520,7 @@ def test_choose_placements_one_per_free_node_and_only_eligible(strategy: str) ->
 
 
 def test_shipped_fleet_and_real_probes_fit_the_protocols(project_root: Path) -> None:
-    # rocm_assets.core.fleet's pydantic nodes and NodeProbe dataclass, as the coordinator passes them.
+    # rocm_assets.core.nodes.fleet's pydantic nodes and NodeProbe dataclass, as the coordinator passes them.
     fleet = load_fleet(project_root / "fleet.yaml")
     first, second = fleet.nodes[0], fleet.nodes[1]
     tight = NodeProbe(first.name, True, None, 21.0, first.cores, 4.0, True, 0.0)

@@ -18,10 +18,10 @@ import dagster as dg
 import pytest
 
 from rocm_assets.core.bake import BakeGraph, load_graph
-from rocm_assets.core.builds import Build, SelectionError, check_arches
-from rocm_assets.core.constants import ROCM_MAX_JOBS_TAG, ROCM_NODE_TAG, ROCM_PREFLIGHT_TAG
-from rocm_assets.core.preflight import Missing, PreflightError, preflight
-from rocm_assets.core.registry import RegistryClient, RegistryError
+from rocm_assets.core.build.builds import Build, SelectionError, check_arches
+from rocm_assets.core.common.constants import ROCM_MAX_JOBS_TAG, ROCM_NODE_TAG, ROCM_PREFLIGHT_TAG
+from rocm_assets.core.registry.client import RegistryClient, RegistryError
+from rocm_assets.core.registry.preflight import Missing, PreflightError, preflight
 from rocm_assets.defs.assets import build_bake_assets
 from rocm_assets.defs.registry_checks import build_registry_checks
 from rocm_assets.defs.resources.bake import BakeResource

@@ -16,8 +16,13 @@ import dagster as dg
 import httpx
 import pytest
 
-from rocm_assets.core.registry import MANIFEST_ACCEPT, ImageInfo, RegistryClient, RegistryError
-from rocm_assets.core.registry_refs import (
+from rocm_assets.core.registry.client import (
+    MANIFEST_ACCEPT,
+    ImageInfo,
+    RegistryClient,
+    RegistryError,
+)
+from rocm_assets.core.registry.refs import (
     ForeignImageError,
     ImageRef,
     ImageRefError,

@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 from hypothesis import HealthCheck, event, given, settings, strategies as st
 
-from rocm_assets.core.registry import ImageInfo, RegistryClient, RegistryError
+from rocm_assets.core.registry.client import ImageInfo, RegistryClient, RegistryError
 from rocm_assets_tests.servers.hostile_registry import HostileRegistry, Scripted
 
 PASSWORD = "pw-Fuzz7/secret+Value"

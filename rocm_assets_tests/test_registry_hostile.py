@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from rocm_assets.core.registry import RegistryClient, RegistryError
+from rocm_assets.core.registry.client import RegistryClient, RegistryError
 from rocm_assets.instance.coordinator import _SUBMIT_REGISTRY_OPTIONS
 from rocm_assets_tests.servers.hostile_registry import HostileRegistry, Scripted, Seen
 

@@ -20,8 +20,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from rocm_assets.core.build import bake_invocation, build_name, history, run_bake
-from rocm_assets.core.probes import probe_node
+from rocm_assets.core.build.invocation import bake_invocation, build_name, history, run_bake
+from rocm_assets.core.nodes.probes import probe_node
 from rocm_assets_tests.servers.dockerd import place_busybox
 from rocm_assets_tests.servers.netns import SSH_PORT, HostRegistry, RemoteNode
 

@@ -13,7 +13,7 @@ import httpx
 import pytest
 
 from rocm_assets.core.bake import BakeGraph, load_graph
-from rocm_assets.core.constants import REGISTRY_DIGEST_CHECK
+from rocm_assets.core.common.constants import REGISTRY_DIGEST_CHECK
 from rocm_assets.defs.registry_checks import DATA_VERSION_TAG
 from rocm_assets.defs.resources.registry import RegistryResource
 from rocm_assets.defs.sensors import SENSOR_NAME, build_registry_observation_sensor

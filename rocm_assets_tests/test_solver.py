@@ -18,7 +18,13 @@ from rocm_assets.core.placement import (
     plan,
     validate_schedule,
 )
-from rocm_assets.core.solver import SOLVER_STRATEGY, SolverError, SolveStop, ortools_missing, solve
+from rocm_assets.core.placement.solver import (
+    SOLVER_STRATEGY,
+    SolverError,
+    SolveStop,
+    ortools_missing,
+    solve,
+)
 from rocm_assets_tests.helpers.placement import (
     FakeCost,
     FakeFleet,

@@ -31,8 +31,8 @@ import pytest
 import yaml
 from dagster._core.instance.ref import InstanceRef
 
-from rocm_assets.core.build import builder_env
-from rocm_assets.core.constants import (
+from rocm_assets.core.build.invocation import builder_env
+from rocm_assets.core.common.constants import (
     ROCM_BUILD_TAG,
     ROCM_BUILDER_TAG,
     ROCM_FANOUT_OF_TAG,

@@ -29,8 +29,8 @@ from dagster._core.remote_origin import (
 from dagster._core.test_utils import create_run_for_test, instance_for_test
 
 from rocm_assets.cli.watch import NOT_PROBED, frame
-from rocm_assets.core.build import build_name
-from rocm_assets.core.constants import (
+from rocm_assets.core.build.invocation import build_name
+from rocm_assets.core.common.constants import (
     FANOUT_PARENT,
     PLACEMENT_PLACED,
     PLACEMENT_WAITING,
@@ -42,9 +42,9 @@ from rocm_assets.core.constants import (
     ROCM_PLACEMENT_TAG,
     ROCM_WAITING_FOR_TAG,
 )
-from rocm_assets.core.fleet import load_fleet
-from rocm_assets.core.probes import probe_fleet
-from rocm_assets.core.timefmt import duration, to_iso
+from rocm_assets.core.common.timefmt import duration, to_iso
+from rocm_assets.core.nodes.fleet import load_fleet
+from rocm_assets.core.nodes.probes import probe_fleet
 from rocm_assets_tests.helpers import PROJECT_ROOT, free_port, write_fleet
 from rocm_assets_tests.servers.sshd import SshdServer
 

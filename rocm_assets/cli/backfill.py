@@ -23,9 +23,9 @@ import httpx
 
 from rocm_assets.cli.common import EXIT_ERROR, EXIT_OK, add_list
 from rocm_assets.core.bake import BakeGraph, load_graph
-from rocm_assets.core.builds import SelectionError, check_arches, select_targets
-from rocm_assets.core.constants import DEFAULT_DAGSTER_URL
-from rocm_assets.core.settings import bake_file_path
+from rocm_assets.core.build.builds import SelectionError, check_arches, select_targets
+from rocm_assets.core.common.constants import DEFAULT_DAGSTER_URL
+from rocm_assets.core.common.settings import bake_file_path
 
 _TIMEOUT_S = 30.0
 

@@ -23,11 +23,16 @@ from typing import Any
 from rocm_assets.cli.common import EXIT_ERROR, add_list
 from rocm_assets.core.bake import BakeGraph, load_graph
 from rocm_assets.core.bake.values import PARSE_BOOL_FALSE
-from rocm_assets.core.build import builder_env
-from rocm_assets.core.builds import SelectionError, check_arches, check_group
-from rocm_assets.core.constants import ARCH_VAR, DEFAULT_GROUP, POOL_BUILDER, PUBLISHED_INPUTS_VAR
-from rocm_assets.core.fleet import Fleet, fleet_path, load_fleet
-from rocm_assets.core.settings import bake_file_path
+from rocm_assets.core.build.builds import SelectionError, check_arches, check_group
+from rocm_assets.core.build.invocation import builder_env
+from rocm_assets.core.common.constants import (
+    ARCH_VAR,
+    DEFAULT_GROUP,
+    POOL_BUILDER,
+    PUBLISHED_INPUTS_VAR,
+)
+from rocm_assets.core.common.settings import bake_file_path
+from rocm_assets.core.nodes.fleet import Fleet, fleet_path, load_fleet
 
 _POOL_REASON = (
     "every target would be its own bake invocation, so stage 2 would silently build against "

@@ -6,8 +6,8 @@ from typing import Any, NoReturn
 
 from rocm_assets.core.bake import BakeGraph, load_graph
 from rocm_assets.core.bake.resolvers import RESOLVER_ENV, RESOLVERS
-from rocm_assets.core.constants import FLEET_FILE_ENV
-from rocm_assets.core.settings import bake_file_path
+from rocm_assets.core.common.constants import FLEET_FILE_ENV
+from rocm_assets.core.common.settings import bake_file_path
 
 # 0 fine, 1 the check found problems (drift, missing inputs), 2 bad input or an error reaching
 # something.

@@ -10,8 +10,8 @@ from rocm_assets.cli.common import EXIT_OK, EXIT_PROBLEMS, add_bake_file, graph_
 from rocm_assets.core.bake import BakeGraph, check_drift
 from rocm_assets.core.bake.features import minimum
 from rocm_assets.core.bake.printed import graph_entry
-from rocm_assets.core.builds import check_arches
-from rocm_assets.core.recipes import check_recipes, dockerfile_path
+from rocm_assets.core.build.builds import check_arches
+from rocm_assets.core.build.recipes import check_recipes, dockerfile_path
 
 
 def graph_json(graph: BakeGraph, arch: str) -> dict[str, Any]:

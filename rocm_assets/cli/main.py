@@ -12,11 +12,11 @@ from collections.abc import Callable, Sequence
 from rocm_assets.cli import backfill, bench, buildall, graph, plan, preflight
 from rocm_assets.cli.common import EXIT_ERROR, EXIT_OK, CliError, Parser, add_bake_file, add_fleet
 from rocm_assets.core.bake import BakeError
-from rocm_assets.core.builds import SelectionError
-from rocm_assets.core.constants import DEFAULT_DAGSTER_URL
-from rocm_assets.core.fleet import FleetError
-from rocm_assets.core.preflight import PreflightError
-from rocm_assets.core.registry import RegistryError
+from rocm_assets.core.build.builds import SelectionError
+from rocm_assets.core.common.constants import DEFAULT_DAGSTER_URL
+from rocm_assets.core.nodes.fleet import FleetError
+from rocm_assets.core.registry.client import RegistryError
+from rocm_assets.core.registry.preflight import PreflightError
 
 
 def cmd_watch(args: argparse.Namespace) -> int:

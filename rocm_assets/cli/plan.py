@@ -17,9 +17,17 @@ from rocm_assets.cli.common import (
 )
 from rocm_assets.cli.gantt import GanttError, write_gantt
 from rocm_assets.core.bake import BakeGraph
-from rocm_assets.core.builds import Build, build_deps, builds_for, check_arches, select_targets
-from rocm_assets.core.constants import DEFAULT_GROUP
-from rocm_assets.core.fleet import Fleet, Node, fleet_path, load_fleet
+from rocm_assets.core.build.builds import (
+    Build,
+    build_deps,
+    builds_for,
+    check_arches,
+    select_targets,
+)
+from rocm_assets.core.common.constants import DEFAULT_GROUP
+from rocm_assets.core.common.timefmt import duration
+from rocm_assets.core.nodes.fleet import Fleet, Node, fleet_path, load_fleet
+from rocm_assets.core.nodes.probes import NodeProbe, best_node, probe_fleet
 from rocm_assets.core.placement import (
     STRATEGIES,
     Assignment,
@@ -30,12 +38,16 @@ from rocm_assets.core.placement import (
     plan,
     validate_schedule,
 )
+from rocm_assets.core.placement.bounds import lower_bounds
 from rocm_assets.core.placement.farm import FarmState, FollowSettings, solver_budget_s
 from rocm_assets.core.placement.follow import COORDINATOR_STRATEGY, PlanFollower
 from rocm_assets.core.placement.runners import InlineSolver
-from rocm_assets.core.probes import NodeProbe, best_node, probe_fleet
-from rocm_assets.core.solver import DEFAULT_TIME_LIMIT_S, SOLVER_STRATEGY, SolverError, solve
-from rocm_assets.core.timefmt import duration
+from rocm_assets.core.placement.solver import (
+    DEFAULT_TIME_LIMIT_S,
+    SOLVER_STRATEGY,
+    SolverError,
+    solve,
+)
 
 
 def _plan_builds(
@@ -100,7 +112,9 @@ def _coordinator_plan(
         ),
         key=lambda a: (a.start_s, a.node, a.build),
     )
-    schedule = Schedule(view.strategy, tuple(assignments), view.makespan_s, problem.bounds.best)
+    schedule = Schedule(
+        view.strategy, tuple(assignments), view.makespan_s, lower_bounds(problem).best
+    )
     budget = solver_budget_s(len(problem.builds), settings)
     return schedule, {"solver": view.solver, "solver_budget_s": round(budget, 3)}
 

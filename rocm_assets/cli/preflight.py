@@ -7,11 +7,11 @@ from typing import Any
 
 from rocm_assets.cli.common import EXIT_OK, EXIT_PROBLEMS, CliError, add_bake_file, add_list, out
 from rocm_assets.core.bake import load_graph
-from rocm_assets.core.builds import builds_for, check_arches, select_targets
-from rocm_assets.core.constants import REGISTRY_URL_ENV, REGISTRY_VAR
-from rocm_assets.core.preflight import preflight
-from rocm_assets.core.registry import RegistryClient
-from rocm_assets.core.settings import bake_file_path
+from rocm_assets.core.build.builds import builds_for, check_arches, select_targets
+from rocm_assets.core.common.constants import REGISTRY_URL_ENV, REGISTRY_VAR
+from rocm_assets.core.common.settings import bake_file_path
+from rocm_assets.core.registry.client import RegistryClient
+from rocm_assets.core.registry.preflight import preflight
 
 
 def cmd_preflight(args: argparse.Namespace) -> int:

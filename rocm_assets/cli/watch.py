@@ -31,9 +31,9 @@ from typing import Any
 import dagster as dg
 
 from rocm_assets.cli.common import EXIT_ERROR, EXIT_OK
-from rocm_assets.core.build import build_name
-from rocm_assets.core.builds import Build
-from rocm_assets.core.constants import (
+from rocm_assets.core.build.builds import Build
+from rocm_assets.core.build.invocation import build_name
+from rocm_assets.core.common.constants import (
     FANOUT_PARENT,
     PARTITION_TAG,
     PLACEMENT_WAITING,
@@ -45,9 +45,9 @@ from rocm_assets.core.constants import (
     ROCM_PLACEMENT_TAG,
     ROCM_WAITING_FOR_TAG,
 )
-from rocm_assets.core.fleet import Fleet, Node, load_fleet
-from rocm_assets.core.probes import NodeProbe, ProbeCache, probe_fleet
-from rocm_assets.core.timefmt import duration, from_iso
+from rocm_assets.core.common.timefmt import duration, from_iso
+from rocm_assets.core.nodes.fleet import Fleet, Node, load_fleet
+from rocm_assets.core.nodes.probes import NodeProbe, ProbeCache, probe_fleet
 from rocm_assets.instance.placer import PLAN_KEY
 from rocm_assets.instance.runs import IN_FLIGHT_STATUSES
 

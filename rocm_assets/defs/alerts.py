@@ -17,7 +17,7 @@ from datetime import UTC, datetime, timedelta
 import dagster as dg
 import httpx
 
-from rocm_assets.core.constants import ALERT_WEBHOOK_ENV
+from rocm_assets.core.common.constants import ALERT_WEBHOOK_ENV
 from rocm_assets.defs.freshness import freshness_window
 
 _ALERT_STATES = frozenset({"WARN", "FAIL"})

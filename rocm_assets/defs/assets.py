@@ -7,14 +7,14 @@ import dagster as dg
 
 from rocm_assets.core.bake import BakeGraph
 from rocm_assets.core.bake.names import job_name, op_name
-from rocm_assets.core.constants import (
+from rocm_assets.core.build.versions import definitions
+from rocm_assets.core.common.constants import (
     FANOUT_PARENT,
     GROUP_TAG_PREFIX,
     ROCM_FANOUT_OF_TAG,
     ROCM_FANOUT_TAG,
     WHEELS_GROUP,
 )
-from rocm_assets.core.versions import definitions
 from rocm_assets.defs.automation import rebuild_condition
 from rocm_assets.defs.freshness import freshness_policy
 from rocm_assets.defs.resources.bake import BakeResource
@@ -88,7 +88,7 @@ def build_asset_specs(graph: BakeGraph) -> list[dg.AssetSpec]:
                     "tag_example": resolved.tags[0] if resolved.tags else "",
                 },
                 freshness_policy=freshness_policy(target),
-                # What decides the build (rocm_assets.core.versions): a change makes it unsynced.
+                # What decides the build (rocm_assets.core.build.versions): a change makes it unsynced.
                 code_version=versions[target].version,
                 automation_condition=condition,
                 # A fanned-out request's own run yields nothing for it (see _materializer).

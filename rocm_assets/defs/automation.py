@@ -16,7 +16,7 @@ import os
 import dagster as dg
 
 from rocm_assets.core.bake import BakeGraph
-from rocm_assets.core.constants import GROUP_TAG_PREFIX
+from rocm_assets.core.common.constants import GROUP_TAG_PREFIX
 
 SENSOR_NAME = "rebuild_automation_sensor"
 AUTOMATION_ENV = "ROCM_AUTOMATION"

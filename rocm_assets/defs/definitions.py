@@ -3,7 +3,7 @@
 import dagster as dg
 
 from rocm_assets.core.bake import load_graph
-from rocm_assets.core.settings import bake_file_path
+from rocm_assets.core.common.settings import bake_file_path
 from rocm_assets.defs.alerts import freshness_alert_sensor
 from rocm_assets.defs.assets import build_bake_assets, build_jobs
 from rocm_assets.defs.automation import build_automation_sensor

@@ -15,10 +15,10 @@ from typing import Any
 import dagster as dg
 
 from rocm_assets.core.bake import BakeGraph
-from rocm_assets.core.builds import Build, builds_for
-from rocm_assets.core.constants import NOARCH, REGISTRY_DIGEST_CHECK, ROCM_PREFLIGHT_TAG
-from rocm_assets.core.preflight import preflight
-from rocm_assets.core.registry import ImageInfo, RegistryClient, RegistryError
+from rocm_assets.core.build.builds import Build, builds_for
+from rocm_assets.core.common.constants import NOARCH, REGISTRY_DIGEST_CHECK, ROCM_PREFLIGHT_TAG
+from rocm_assets.core.registry.client import ImageInfo, RegistryClient, RegistryError
+from rocm_assets.core.registry.preflight import preflight
 from rocm_assets.defs.resources.registry import RegistryResource
 
 # Dagster's event tag for a data version (an AssetObservation has no data_version argument).

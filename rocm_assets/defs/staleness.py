@@ -13,8 +13,8 @@ from dataclasses import dataclass, field
 import dagster as dg
 
 from rocm_assets.core.bake import BakeGraph
-from rocm_assets.core.constants import NOARCH
-from rocm_assets.core.versions import DEFINITION_METADATA, changes, definitions
+from rocm_assets.core.build.versions import DEFINITION_METADATA, changes, definitions
+from rocm_assets.core.common.constants import NOARCH
 from rocm_assets.instance.dagster_internals import (
     AssetKeyPartitionKey,
     BaseAssetGraph,

@@ -25,8 +25,8 @@ import dagster as dg
 
 from rocm_assets.core import placement
 from rocm_assets.core.bake import BakeGraph
-from rocm_assets.core.builds import Build
-from rocm_assets.core.constants import (
+from rocm_assets.core.build.builds import Build
+from rocm_assets.core.common.constants import (
     FANOUT_PARENT,
     PARTITION_RANGE_END_TAG,
     PARTITION_RANGE_START_TAG,
@@ -41,11 +41,11 @@ from rocm_assets.core.constants import (
     ROCM_TAG_PREFIX,
     ROCM_WAITING_FOR_TAG,
 )
+from rocm_assets.core.nodes.probes import ProbeCache
 from rocm_assets.core.placement.farm import FollowSettings
 from rocm_assets.core.placement.follow import COORDINATOR_STRATEGY
-from rocm_assets.core.preflight import PreflightError, preflight
-from rocm_assets.core.probes import ProbeCache
-from rocm_assets.core.registry import RegistryClient, RegistryError
+from rocm_assets.core.registry.client import RegistryClient, RegistryError
+from rocm_assets.core.registry.preflight import PreflightError, preflight
 from rocm_assets.instance.dagster_internals import (
     ConfigurableClassData,
     RunQueueConfig,

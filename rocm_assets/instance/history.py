@@ -8,9 +8,9 @@ import dagster as dg
 
 from rocm_assets.core import placement
 from rocm_assets.core.bake import BakeGraph
-from rocm_assets.core.builds import Build
-from rocm_assets.core.constants import ROCM_BUILD_TAG, ROCM_NODE_TAG
-from rocm_assets.core.fleet import Fleet
+from rocm_assets.core.build.builds import Build
+from rocm_assets.core.common.constants import ROCM_BUILD_TAG, ROCM_NODE_TAG
+from rocm_assets.core.nodes.fleet import Fleet
 
 # How far back a finished build still tells where it was built (locality) or that it failed.
 _FINISHED_WINDOW_S = 86400.0

@@ -24,8 +24,8 @@ import dagster as dg
 
 from rocm_assets.core import placement
 from rocm_assets.core.bake import BakeError, BakeGraph, load_graph
-from rocm_assets.core.builds import Build, build_deps
-from rocm_assets.core.constants import (
+from rocm_assets.core.build.builds import Build, build_deps
+from rocm_assets.core.common.constants import (
     PLACEMENT_PLACED,
     PLACEMENT_WAITING,
     ROCM_BUILD_TAG,
@@ -38,14 +38,14 @@ from rocm_assets.core.constants import (
     ROCM_REFUSED_TAG,
     ROCM_WAITING_FOR_TAG,
 )
-from rocm_assets.core.fleet import Fleet, FleetError, fleet_path, load_fleet
+from rocm_assets.core.common.settings import bake_file_path
+from rocm_assets.core.common.timefmt import duration, from_iso, to_iso
+from rocm_assets.core.nodes.fleet import Fleet, FleetError, fleet_path, load_fleet
+from rocm_assets.core.nodes.probes import ProbeCache
 from rocm_assets.core.placement.farm import FarmState, FollowSettings, PlanView, Running
 from rocm_assets.core.placement.follow import COORDINATOR_STRATEGY, PlanFollower
 from rocm_assets.core.placement.runners import ThreadSolver
-from rocm_assets.core.preflight import materialize_command
-from rocm_assets.core.probes import ProbeCache
-from rocm_assets.core.settings import bake_file_path
-from rocm_assets.core.timefmt import duration, from_iso, to_iso
+from rocm_assets.core.registry.preflight import materialize_command
 from rocm_assets.instance import claims
 from rocm_assets.instance.history import finished_builds, measured_durations
 from rocm_assets.instance.runs import IN_FLIGHT_STATUSES, builds_of_run

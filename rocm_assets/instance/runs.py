@@ -4,7 +4,7 @@ the placement tick, the build resource and watch."""
 import dagster as dg
 
 from rocm_assets.core.bake import BakeGraph
-from rocm_assets.core.builds import Build, builds_for, op_name, run_partitions
+from rocm_assets.core.build.builds import Build, builds_for, op_name, run_partitions
 
 # A build in one of these states is the farm's business: queued, or holding (or about to hold)
 # its node. QUEUED runs never count against Dagster's own limits, but they do here.

@@ -8,7 +8,7 @@ import random
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from rocm_assets.core.builds import Build
+from rocm_assets.core.build.builds import Build
 from rocm_assets.core.placement import CostModel, Placed, Problem, max_jobs
 from rocm_assets.core.placement.runners import SolveOutcome, SolveRequest
 from rocm_assets_tests.helpers.seed import SEED_GRAPH

@@ -16,7 +16,7 @@ from typing import Any
 import dagster as dg
 
 from rocm_assets.core.bake import BakeGraph, load_graph
-from rocm_assets.core.constants import ARCH_LIST_ATTR
+from rocm_assets.core.common.constants import ARCH_LIST_ATTR
 from rocm_assets.defs.registry_checks import DATA_VERSION_TAG, entries
 from rocm_assets.defs.resources.registry import RegistryResource
 from rocm_assets.defs.sensors import build_registry_observation_sensor

@@ -45,7 +45,7 @@ import httpx
 import pytest
 
 from rocm_assets.core.bake.buildx import PLUGIN_NAME, find_buildx
-from rocm_assets.core.fleet import Node
+from rocm_assets.core.nodes.fleet import Node
 from rocm_assets_tests.servers.dockerd import DockerdError, remove_root, start_dockerd, stop_dockerd
 from rocm_assets_tests.servers.fakes import DOCKER_REGISTRY
 

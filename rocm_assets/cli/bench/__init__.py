@@ -50,7 +50,7 @@ from rocm_assets.cli.common import (
 from rocm_assets.cli.gantt import GanttError
 from rocm_assets.core.placement import PlacementError
 from rocm_assets.core.placement.simulate import SimulationError
-from rocm_assets.core.solver import SolverError
+from rocm_assets.core.placement.solver import SolverError
 
 
 def cmd_bench(args: argparse.Namespace) -> int:

@@ -25,9 +25,9 @@ from rocm_assets.cli.bench.scenarios import (
 )
 from rocm_assets.cli.common import CliError
 from rocm_assets.core.bake import BakeGraph
-from rocm_assets.core.builds import Build
-from rocm_assets.core.constants import BAKE_FILE_ENV
-from rocm_assets.core.fleet import Fleet
+from rocm_assets.core.build.builds import Build
+from rocm_assets.core.common.constants import BAKE_FILE_ENV
+from rocm_assets.core.nodes.fleet import Fleet
 from rocm_assets.core.placement import STRATEGIES, CostModel, choose_placements
 from rocm_assets.core.placement.farm import FarmState, Running
 from rocm_assets.core.placement.follow import PlanFollower

@@ -4,7 +4,7 @@ import json
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from rocm_assets.core.timefmt import duration
+from rocm_assets.core.common.timefmt import duration
 
 _COLUMNS = ("median", "worst", "x LB med", "x LB worst", "x greedy med", "x greedy worst")
 # With noise the bounds (of the estimates) do not hold: ratios to noisy greedy only.

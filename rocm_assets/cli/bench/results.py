@@ -7,12 +7,13 @@ from typing import Any
 
 from rocm_assets.cli.bench.scenarios import Instance, Scenario
 from rocm_assets.core.placement import STRATEGIES, Build, Problem, Schedule, plan
+from rocm_assets.core.placement.bounds import lower_bounds
 from rocm_assets.core.placement.farm import FollowSettings
 from rocm_assets.core.placement.follow import COORDINATOR_STRATEGY as COORDINATOR
 from rocm_assets.core.placement.runners import InlineSolver, SolveOutcome, SolveRequest, run_request
 from rocm_assets.core.placement.simulate import follow, noise_factors, online, serial_plan, simulate
 from rocm_assets.core.placement.simulated import SimulatedCoordinator
-from rocm_assets.core.solver import SolverError, SolveResult, solve
+from rocm_assets.core.placement.solver import SolverError, SolveResult, solve
 
 ONLINE = ("greedy", "critical-path", "peft", "default")
 # Diagnostics of the default strategy: online with the node each finished build is on, and
@@ -223,7 +224,7 @@ def run_instance(
         name=instance.name,
         builds=len(problem.builds),
         nodes=len(problem.nodes),
-        lower_bound_s=problem.bounds.best,
+        lower_bound_s=lower_bounds(problem).best,
         makespan_s={name: s.makespan_s for name, s in schedules.items()},
         noisy_makespan_s=noisy,
         plan_s={name: s.makespan_s for name, s in plans.items()},

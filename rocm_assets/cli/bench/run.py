@@ -24,10 +24,10 @@ from rocm_assets.cli.bench.scenarios import (
 )
 from rocm_assets.cli.bench.targets import targets_report
 from rocm_assets.core.bake import load_graph
-from rocm_assets.core.fleet import load_fleet
+from rocm_assets.core.common.settings import bake_file_path
+from rocm_assets.core.nodes.fleet import load_fleet
 from rocm_assets.core.placement.farm import FollowSettings
 from rocm_assets.core.placement.simulate import NOISE_SIGMA
-from rocm_assets.core.settings import bake_file_path
 
 SCHEMA_VERSION = 2
 

@@ -5,9 +5,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from rocm_assets.core.bake import BakeGraph
-from rocm_assets.core.builds import Build, build_deps, builds_for
-from rocm_assets.core.constants import DEFAULT_GROUP
-from rocm_assets.core.fleet import Fleet, Node, Reference, TargetCost
+from rocm_assets.core.build.builds import Build, build_deps, builds_for
+from rocm_assets.core.common.constants import DEFAULT_GROUP
+from rocm_assets.core.nodes.fleet import Fleet, Node, Reference, TargetCost
 from rocm_assets.core.placement import CostModel, Problem
 from rocm_assets.core.placement.farm import FollowSettings
 

@@ -10,39 +10,20 @@ dropped). A cycle in `inherits` is skipped, as bake skips it.
 """
 
 import itertools
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from rocm_assets.core.bake import fields
 from rocm_assets.core.bake.errors import Unfollowed
+from rocm_assets.core.bake.evaluator import Evaluator, Expansion, TargetPart
 from rocm_assets.core.bake.limits import MAX_COLLECTION, check_length, quote
 from rocm_assets.core.bake.names import label_problem
 from rocm_assets.core.bake.parse import Block
 from rocm_assets.core.bake.values import to_string, type_name
 
-if TYPE_CHECKING:
-    from rocm_assets.core.bake.evaluate import Evaluation
-
 Value = Any
 
 
-@dataclass(frozen=True)
-class TargetPart:
-    """One block's share of a target, with its matrix combination in scope."""
-
-    block: Block
-    scope: dict[str, Value]
-
-
-@dataclass(frozen=True)
-class Expansion:
-    """Every target name with its parts, and the groups matrix labels became."""
-
-    targets: dict[str, list[TargetPart]]
-    groups: dict[str, tuple[list[str], int]]
-
-
-def expand(ev: "Evaluation") -> Expansion:
+def expand(ev: Evaluator) -> Expansion:
     targets: dict[str, list[TargetPart]] = {}
     renamed: dict[str, tuple[list[str], int]] = {}
     for label, blocks in ev.bake.targets.items():
@@ -71,7 +52,7 @@ def expand(ev: "Evaluation") -> Expansion:
     return Expansion(targets, renamed)
 
 
-def _combinations(ev: "Evaluation", block: Block) -> list[dict[str, Value]]:
+def _combinations(ev: Evaluator, block: Block) -> list[dict[str, Value]]:
     rule = block.attrs["matrix"]
     matrix = ev.expr(rule.expression, {})
     if not isinstance(matrix, dict):
@@ -99,7 +80,7 @@ def _combinations(ev: "Evaluation", block: Block) -> list[dict[str, Value]]:
     ]
 
 
-def _name(ev: "Evaluation", block: Block, scope: dict[str, Value]) -> str:
+def _name(ev: Evaluator, block: Block, scope: dict[str, Value]) -> str:
     rule = block.attrs.get("name")
     if rule is None:
         return block.name
@@ -114,7 +95,7 @@ def _name(ev: "Evaluation", block: Block, scope: dict[str, Value]) -> str:
     return name
 
 
-def own(ev: "Evaluation", name: str) -> dict[str, Value]:
+def own(ev: Evaluator, name: str) -> dict[str, Value]:
     """A target's own blocks, decoded and merged in file order (its inherits list too)."""
     if name in ev.owned:
         return ev.owned[name]
@@ -134,7 +115,7 @@ def own(ev: "Evaluation", name: str) -> dict[str, Value]:
 
 
 def target(
-    ev: "Evaluation", name: str, visited: dict[str, dict[str, Value] | None] | None = None
+    ev: Evaluator, name: str, visited: dict[str, dict[str, Value] | None] | None = None
 ) -> dict[str, Value] | None:
     """bake's Config.target: the parents merged, then the target's own fields, normalised.
 
@@ -159,7 +140,7 @@ def target(
     return result
 
 
-def target_attr(ev: "Evaluation", name: str, attr: str, rule: Any) -> Value:
+def target_attr(ev: Evaluator, name: str, attr: str, rule: Any) -> Value:
     """`target.<name>.<attr>`: the attribute as the target's block decodes it; null if unset."""
     parts = ev.expansion.targets.get(name)
     if not parts:
@@ -178,7 +159,7 @@ def target_attr(ev: "Evaluation", name: str, attr: str, rule: Any) -> Value:
     return fields.referable(ev, name, attr, value, part.block.attrs[attr])
 
 
-def group(ev: "Evaluation", name: str) -> list[str]:
+def group(ev: Evaluator, name: str) -> list[str]:
     """A group's members as written (targets or groups), matrix labels included; the last
     block of a name is the group, as in bake."""
     if name in ev.expansion.groups:
@@ -191,11 +172,11 @@ def group(ev: "Evaluation", name: str) -> list[str]:
     return list(dict.fromkeys(to_string(v) for v in value))
 
 
-def group_names(ev: "Evaluation") -> list[str]:
+def group_names(ev: Evaluator) -> list[str]:
     return [*ev.bake.groups, *ev.expansion.groups]
 
 
-def group_line(ev: "Evaluation", name: str) -> int:
+def group_line(ev: Evaluator, name: str) -> int:
     if name in ev.expansion.groups:
         return ev.expansion.groups[name][1]
     return ev.bake.groups[name][0].line

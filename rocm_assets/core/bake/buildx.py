@@ -25,7 +25,7 @@ from rocm_assets.core.bake.errors import BakeError
 from rocm_assets.core.bake.limits import quote
 from rocm_assets.core.bake.parse import BakeFile
 from rocm_assets.core.bake.printed import PrintShapeError, canonical
-from rocm_assets.core.constants import ARCH_LIST_ATTR, ARCH_VAR
+from rocm_assets.core.common.constants import ARCH_LIST_ATTR, ARCH_VAR
 
 # Where the docker CLI looks for plugins after the config dir's cli-plugins (docker/cli's
 # cli-plugins/manager: defaultSystemPluginDirs), in its order.

@@ -8,20 +8,18 @@ user function's parameters do not.
 
 import inspect
 from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from hcl2.rules import functions as FN
 
 from rocm_assets.core.bake import features
 from rocm_assets.core.bake.errors import BakeError, BakeLimitError, NeedsBuildx, Unfollowed
+from rocm_assets.core.bake.evaluator import Evaluator
 from rocm_assets.core.bake.functions import ALLOW_NULL, FUNCTIONS, UNSUPPORTED
 from rocm_assets.core.bake.limits import LimitError, quote
 from rocm_assets.core.bake.parse import Block, line_of
 from rocm_assets.core.bake.stdlib_sets import TAKES_SETS
 from rocm_assets.core.bake.values import CtySet, number, text
-
-if TYPE_CHECKING:
-    from rocm_assets.core.bake.evaluate import Evaluation
 
 Value = Any
 
@@ -37,7 +35,7 @@ _SIGNATURES = {name: _arity(fn) for name, fn in FUNCTIONS.items()}
 _STDLIB = {*FUNCTIONS, *UNSUPPORTED, "try", "can"}
 
 
-def call(ev: "Evaluation", rule: FN.FunctionCallRule, scope: Mapping[str, Value]) -> Value:
+def call(ev: Evaluator, rule: FN.FunctionCallRule, scope: Mapping[str, Value]) -> Value:
     name = ".".join(i.serialize() for i in rule.identifiers)
     arg_rules = list(rule.arguments.arguments) if rule.arguments is not None else []
     user = ev.bake.functions.get(name)
@@ -87,9 +85,7 @@ def call(ev: "Evaluation", rule: FN.FunctionCallRule, scope: Mapping[str, Value]
     return ev.built(result, rule)
 
 
-def _try(
-    ev: "Evaluation", name: str, args: list[Any], scope: Mapping[str, Value], rule: Any
-) -> Value:
+def _try(ev: Evaluator, name: str, args: list[Any], scope: Mapping[str, Value], rule: Any) -> Value:
     for arg in args:
         try:
             value = ev.expr(arg, scope)
@@ -104,7 +100,7 @@ def _try(
     raise ev.error("try(): no argument could be evaluated", rule)
 
 
-def _user_function(ev: "Evaluation", block: Block, args: list[Value], rule: Any) -> Value:
+def _user_function(ev: Evaluator, block: Block, args: list[Value], rule: Any) -> Value:
     if block.name in ev.calls:
         cycle = " -> ".join([*ev.calls[ev.calls.index(block.name) :], block.name])
         raise ev.error(f"function cycle: {cycle}", rule)
@@ -130,7 +126,7 @@ def _user_function(ev: "Evaluation", block: Block, args: list[Value], rule: Any)
         ev.calls.pop()
 
 
-def check_functions(ev: "Evaluation") -> None:
+def check_functions(ev: Evaluator) -> None:
     """What bake checks of every function block, called or not: its params and the names its
     result refers to."""
     for block in ev.bake.functions.values():
@@ -149,7 +145,7 @@ def check_functions(ev: "Evaluation") -> None:
                 ev.value(name, rule)
 
 
-def _param_names(ev: "Evaluation", block: Block, attr: str) -> list[str]:
+def _param_names(ev: Evaluator, block: Block, attr: str) -> list[str]:
     rule = block.attrs.get(attr)
     if rule is None:
         if attr == "params":

@@ -32,6 +32,7 @@ from hcl2.rules import (
 
 from rocm_assets.core.bake import blocks, calls, ctynum, operators, templates, variables
 from rocm_assets.core.bake.errors import BakeError, BakeLimitError, NeedsBuildx, Unfollowed
+from rocm_assets.core.bake.evaluator import Expansion
 from rocm_assets.core.bake.limits import MAX_DEPTH, Budget, LimitError, quote
 from rocm_assets.core.bake.parse import BakeFile, line_of
 from rocm_assets.core.bake.values import CtySet, iteration, to_bool, to_int, to_string, type_name
@@ -157,7 +158,7 @@ class Evaluation:
 
     # ---- targets (see blocks) ----
     @functools.cached_property
-    def expansion(self) -> blocks.Expansion:
+    def expansion(self) -> Expansion:
         return blocks.expand(self)
 
     def target_attr(self, name: str, attr: str, rule: Any) -> Value:

@@ -7,15 +7,13 @@ and bools to strings, "true" to a bool), `merge` is Target.Merge, `normalize` Ta
 """
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from rocm_assets.core.bake.errors import Unfollowed
+from rocm_assets.core.bake.evaluator import Evaluator
 from rocm_assets.core.bake.limits import quote
 from rocm_assets.core.bake.printed import PrintShapeError, cache_entry, canonical, output_entry
 from rocm_assets.core.bake.values import to_bool, to_string, type_name
-
-if TYPE_CHECKING:
-    from rocm_assets.core.bake.evaluate import Evaluation
 
 Value = Any
 
@@ -90,7 +88,7 @@ def _entries(value: Value, what: str, attr: str) -> list[str]:
     return out
 
 
-def decode(ev: "Evaluation", name: str, attr: str, value: Value, rule: Any) -> Value:
+def decode(ev: Evaluator, name: str, attr: str, value: Value, rule: Any) -> Value:
     """An attribute's value as bake's decoder puts it in the Target struct; None when unset."""
     what = f"target {quote(name)}: {attr}"
     if attr in UNFOLLOWED:
@@ -115,7 +113,7 @@ def decode(ev: "Evaluation", name: str, attr: str, value: Value, rule: Any) -> V
     raise ValueError(f"target {name!r}: {attr} is not a field bake reads")
 
 
-def referable(ev: "Evaluation", name: str, attr: str, value: Value, rule: Any) -> Value:
+def referable(ev: Evaluator, name: str, attr: str, value: Value, rule: Any) -> Value:
     """`target.<name>.<attr>`'s value: the decoded field, as bake puts it back in HCL."""
     if attr not in REFERABLE:
         raise Unfollowed(f"target.{name}.{attr}")

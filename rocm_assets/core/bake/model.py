@@ -20,7 +20,7 @@ from rocm_assets.core.bake.parse import BakeFile, line_of, load_bake
 from rocm_assets.core.bake.resolvers import Resolver, choose
 from rocm_assets.core.bake.targets import ResolvedBake, Target
 from rocm_assets.core.bake.values import to_string
-from rocm_assets.core.constants import (
+from rocm_assets.core.common.constants import (
     ARCH_LIST_ATTR,
     ARCH_VAR,
     PUBLISHED_INPUTS_VAR,

@@ -9,17 +9,15 @@ here (0.13.1 and 0.29.1, built with Debian's HCL) fail on it.
 """
 
 from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from hcl2.rules import expressions as E
 
 from rocm_assets.core.bake import ctynum
 from rocm_assets.core.bake.ctynum import Num
 from rocm_assets.core.bake.errors import BakeError, BakeLimitError, NeedsBuildx, Unfollowed
+from rocm_assets.core.bake.evaluator import Evaluator
 from rocm_assets.core.bake.values import CtySet, equal, to_bool, to_number, to_string, type_name
-
-if TYPE_CHECKING:
-    from rocm_assets.core.bake.evaluate import Evaluation
 
 Value = Any
 
@@ -44,14 +42,14 @@ DYNAMIC = "dynamic"
 _PRIMITIVES = ("string", "number", "bool")
 
 
-def unary(ev: "Evaluation", rule: E.UnaryOpRule, scope: Mapping[str, Value]) -> Value:
+def unary(ev: Evaluator, rule: E.UnaryOpRule, scope: Mapping[str, Value]) -> Value:
     value = ev.expr(rule.expr_term, scope)
     if str(rule.operator) == "!":
         return not ev.truth(value, rule)
     return ctynum.neg(to_number(value))
 
 
-def binary(ev: "Evaluation", rule: E.BinaryOpRule, scope: Mapping[str, Value]) -> Value:
+def binary(ev: Evaluator, rule: E.BinaryOpRule, scope: Mapping[str, Value]) -> Value:
     op = str(rule.binary_term.binary_operator.serialize()).strip()
     if op in ("&&", "||"):
         return _logical(ev, rule, op, scope)
@@ -69,9 +67,7 @@ def binary(ev: "Evaluation", rule: E.BinaryOpRule, scope: Mapping[str, Value]) -
     return _ARITHMETIC[op](to_number(left), to_number(right))
 
 
-def _side(
-    ev: "Evaluation", rule: Any, scope: Mapping[str, Value]
-) -> tuple[Value, BakeError | None]:
+def _side(ev: Evaluator, rule: Any, scope: Mapping[str, Value]) -> tuple[Value, BakeError | None]:
     try:
         return ev.expr(rule, scope), None
     except (NeedsBuildx, BakeLimitError):
@@ -80,7 +76,7 @@ def _side(
         return None, exc
 
 
-def _logical(ev: "Evaluation", rule: Any, op: str, scope: Mapping[str, Value]) -> bool:
+def _logical(ev: Evaluator, rule: Any, op: str, scope: Mapping[str, Value]) -> bool:
     left, left_error = _side(ev, rule.expr_term, scope)
     right, right_error = _side(ev, rule.binary_term.expr_term, scope)
     deciding = op == "||"  # the value that decides the result on its own
@@ -98,7 +94,7 @@ def _logical(ev: "Evaluation", rule: Any, op: str, scope: Mapping[str, Value]) -
     return (lhs or rhs) if op == "||" else (lhs and rhs)
 
 
-def conditional(ev: "Evaluation", rule: E.ConditionalRule, scope: Mapping[str, Value]) -> Value:
+def conditional(ev: Evaluator, rule: E.ConditionalRule, scope: Mapping[str, Value]) -> Value:
     # Both results are evaluated: their types decide the result's type.
     if_true, true_error = _side(ev, rule.if_true, scope)
     if_false, false_error = _side(ev, rule.if_false, scope)

@@ -11,16 +11,14 @@ first flattened into tokens, trimmed, and nested again (`_compile`, once per tem
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from hcl2.rules import directives as D, strings as S
 
 from rocm_assets.core.bake.errors import Unfollowed
+from rocm_assets.core.bake.evaluator import Evaluator
 from rocm_assets.core.bake.limits import MAX_STRING, check_length, quote
 from rocm_assets.core.bake.values import iteration, text, to_bool, to_string, type_name
-
-if TYPE_CHECKING:
-    from rocm_assets.core.bake.evaluate import Evaluation
 
 _ESCAPES = {"n": "\n", "t": "\t", "r": "\r", '"': '"', "\\": "\\"}
 _HEX = frozenset("0123456789abcdefABCDEF")
@@ -107,7 +105,7 @@ class _For:
     body: list = field(default_factory=list)
 
 
-def _tokens(ev: "Evaluation", parts: Any, out: list) -> None:
+def _tokens(ev: Evaluator, parts: Any, out: list) -> None:
     """Flatten python-hcl2's nested parts into HCL's token order."""
     for part in parts:
         if part is None:
@@ -168,7 +166,7 @@ def _nest(tokens: list) -> list:
     return root
 
 
-def _compile(ev: "Evaluation", rule: Any, parts: Any) -> list:
+def _compile(ev: Evaluator, rule: Any, parts: Any) -> list:
     cached = ev.templates.get(id(rule))
     if cached is None:
         tokens: list = []
@@ -179,7 +177,7 @@ def _compile(ev: "Evaluation", rule: Any, parts: Any) -> list:
 
 
 # ---- evaluating ----
-def template(ev: "Evaluation", rule: Any, parts: Any, scope: Mapping[str, Any]) -> Any:
+def template(ev: Evaluator, rule: Any, parts: Any, scope: Mapping[str, Any]) -> Any:
     """The value of `rule`, a template made of `parts`: its text, or, for a template that is one
     interpolation and nothing else (`"${x}"`), that value itself, as HCL's TemplateWrapExpr."""
     nodes = _compile(ev, rule, parts)
@@ -190,7 +188,7 @@ def template(ev: "Evaluation", rule: Any, parts: Any, scope: Mapping[str, Any]) 
     return text(out.text())
 
 
-def _run(ev: "Evaluation", nodes: list, scope: Mapping[str, Any], out: _Text) -> None:
+def _run(ev: Evaluator, nodes: list, scope: Mapping[str, Any], out: _Text) -> None:
     for node in nodes:
         if isinstance(node, _Literal):
             out.add(node.text)
@@ -211,7 +209,7 @@ def _run(ev: "Evaluation", nodes: list, scope: Mapping[str, Any], out: _Text) ->
             _for(ev, node, scope, out)
 
 
-def _for(ev: "Evaluation", node: _For, scope: Mapping[str, Any], out: _Text) -> None:
+def _for(ev: Evaluator, node: _For, scope: Mapping[str, Any], out: _Text) -> None:
     start = node.start
     collection = ev.expr(start.collection, scope)
     try:
@@ -227,7 +225,7 @@ def _for(ev: "Evaluation", node: _For, scope: Mapping[str, Any], out: _Text) -> 
         _run(ev, node.body, local, out)
 
 
-def heredoc(ev: "Evaluation", rule: Any, scope: Mapping[str, Any]) -> str:
+def heredoc(ev: Evaluator, rule: Any, scope: Mapping[str, Any]) -> str:
     """A heredoc, read as a template when the file was parsed (see `parse.heredoc_template`)."""
     template_rule = ev.bake.heredocs[id(rule)][1]
     if isinstance(template_rule, str):

@@ -9,13 +9,14 @@ read an override differently (`NAME_JSON`, 0.29's CSV lists, `any`), the resolve
 
 import math
 import re
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from hcl2.rules import base as B
 
 from rocm_assets.core.bake import ctynum
 from rocm_assets.core.bake.ctynum import Num
 from rocm_assets.core.bake.errors import Unfollowed
+from rocm_assets.core.bake.evaluator import Evaluator
 from rocm_assets.core.bake.features import names_used
 from rocm_assets.core.bake.limits import quote
 from rocm_assets.core.bake.parse import Block, line_of
@@ -27,9 +28,6 @@ from rocm_assets.core.bake.values import (
     to_number,
     to_string,
 )
-
-if TYPE_CHECKING:
-    from rocm_assets.core.bake.evaluate import Evaluation
 
 Value = Any
 
@@ -43,7 +41,7 @@ _GO_DECIMAL = re.compile(
 _GO_SPECIAL = re.compile(r"[+-]?(?:inf|infinity|nan)", re.IGNORECASE)
 
 
-def declared_type(ev: "Evaluation", block: Block) -> str | None:
+def declared_type(ev: Evaluator, block: Block) -> str | None:
     """The variable's `type`, as one of the followed forms; None when it has none."""
     rule = block.attrs.get("type")
     if rule is None:
@@ -114,7 +112,7 @@ def convert_to(value: Value, kind: str, name: str) -> Value:
 _VARIABLE_ATTRIBUTES = frozenset({"default", "type", "description"})
 
 
-def value(ev: "Evaluation", block: Block) -> Value:
+def value(ev: Evaluator, block: Block) -> Value:
     name = block.name
     unknown = sorted(set(block.attrs) - _VARIABLE_ATTRIBUTES)
     if unknown:
@@ -163,7 +161,7 @@ def _typed_override(name: str, raw: str, kind: str) -> Value:
     return _csv(name, raw, kind[5:-1])
 
 
-def validate(ev: "Evaluation") -> None:
+def validate(ev: Evaluator) -> None:
     """Run every variable's validation blocks, as bake does once all variables are known.
 
     Bake evaluates them where only variables (and what their defaults loaded) are defined, and
@@ -191,7 +189,7 @@ def validate(ev: "Evaluation") -> None:
                 )
 
 
-def _check_scope(ev: "Evaluation", rule: Any) -> None:
+def _check_scope(ev: Evaluator, rule: Any) -> None:
     variables, functions = names_used(rule.expression, ev.bake.heredocs)
     outside = [n for n in variables if n not in ev.bake.variables and n not in ev.builtins]
     if outside or any(f in ev.bake.functions for f in functions):

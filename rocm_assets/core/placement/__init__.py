@@ -1,7 +1,7 @@
 """Placement of bake builds on the fleet: cost model, list schedulers, lower bounds, online choice.
 
 Pure: no Dagster, no I/O. The fleet and probe objects are read through the Protocols below, so
-`rocm_assets.core.fleet` (pydantic) and test stand-ins both fit.
+`rocm_assets.core.nodes.fleet` (pydantic) and test stand-ins both fit.
 
 Time model (scheduling-facts.md §4, §5). A build i placed on node p occupies p for
 
@@ -34,7 +34,7 @@ two modules by name: they import the solver, which imports this package. `lower_
 `validate_schedule` judge any plan.
 """
 
-from rocm_assets.core.builds import Build as Build
+from rocm_assets.core.build.builds import Build as Build
 from rocm_assets.core.placement.bounds import (
     LowerBounds as LowerBounds,
     lower_bounds as lower_bounds,

@@ -4,11 +4,12 @@ The bounds (scheduling-facts §5) each ignore some constraint, so each holds for
 `validate_schedule` checks a plan against the cost model and the farm's rules.
 """
 
+import weakref
 from collections.abc import Mapping
 from dataclasses import dataclass
 from itertools import pairwise
 
-from rocm_assets.core.builds import Build
+from rocm_assets.core.build.builds import Build
 from rocm_assets.core.placement.problem import Assignment, Index, Problem, Schedule
 
 
@@ -92,7 +93,21 @@ def _lp_work_s(ix: Index) -> float | None:
 
 def lower_bounds(problem: Problem) -> LowerBounds:
     """LB_path, LB_work and LB_stage of scheduling-facts §5; nodes' busy time is ignored (it only
-    lengthens a plan), so the bounds hold for any `busy_until`."""
+    lengthens a plan), so the bounds hold for any `busy_until`. Computed once per problem: every
+    schedule of it carries them."""
+    key = id(problem)
+    found = _BOUNDS.get(key)
+    if found is None:
+        found = _BOUNDS[key] = _lower_bounds(problem)
+        weakref.finalize(problem, _BOUNDS.pop, key, None)
+    return found
+
+
+# id(problem) -> its bounds, while the problem lives (a Problem holds dicts: not hashable).
+_BOUNDS: dict[int, LowerBounds] = {}
+
+
+def _lower_bounds(problem: Problem) -> LowerBounds:
     ix = problem.index
     n, m = len(ix.builds), len(ix.names)
     if not n:

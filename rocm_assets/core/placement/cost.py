@@ -1,7 +1,7 @@
 """The cost model: how long a build occupies a node (see the package docstring).
 
 Pure: no Dagster, no I/O. The fleet and probe objects are read through the Protocols below, so
-`rocm_assets.core.fleet` (pydantic) and test stand-ins both fit.
+`rocm_assets.core.nodes.fleet` (pydantic) and test stand-ins both fit.
 """
 
 import math

@@ -12,7 +12,7 @@ plan and one that finishes a build sooner at no cost is taken.
 
 from collections.abc import Callable, Mapping, Sequence
 
-from rocm_assets.core.builds import Build
+from rocm_assets.core.build.builds import Build
 from rocm_assets.core.placement.problem import Index, Run
 from rocm_assets.core.placement.robust import retime
 

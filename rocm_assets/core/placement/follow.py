@@ -35,7 +35,7 @@ from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from typing import NamedTuple
 
-from rocm_assets.core.builds import Build
+from rocm_assets.core.build.builds import Build
 from rocm_assets.core.placement.cost import PlacementError
 from rocm_assets.core.placement.farm import (
     FarmState,
@@ -60,7 +60,7 @@ from rocm_assets.core.placement.problem import (
 )
 from rocm_assets.core.placement.robust import Spread, draws, mean_makespan, order_of, retime
 from rocm_assets.core.placement.runners import SolveRequest, SolverRunner
-from rocm_assets.core.solver import SOLVER_STRATEGY, ortools_missing
+from rocm_assets.core.placement.solver import SOLVER_STRATEGY, ortools_missing
 
 # A running build past its estimate is planned to need at least this much more.
 # The strategy name of what the run coordinator does with a PlanFollower: in dagster.yaml,

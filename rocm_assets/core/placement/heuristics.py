@@ -9,6 +9,7 @@ import heapq
 from collections.abc import Callable, Mapping
 from operator import add
 
+from rocm_assets.core.placement.bounds import lower_bounds
 from rocm_assets.core.placement.cost import PlacementError
 from rocm_assets.core.placement.problem import EPS, Assignment, Index, Problem, Run, Schedule
 
@@ -174,7 +175,7 @@ def _schedule(problem: Problem, strategy: str, run: Run) -> Schedule:
         ),
         key=lambda a: (a.start_s, a.node, a.build),
     )
-    return Schedule(strategy, tuple(assignments), run.makespan, problem.bounds.best)
+    return Schedule(strategy, tuple(assignments), run.makespan, lower_bounds(problem).best)
 
 
 def greedy(problem: Problem, busy_until: Mapping[str, float]) -> Schedule:

@@ -8,7 +8,7 @@ from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
 
-from rocm_assets.core.builds import Build
+from rocm_assets.core.build.builds import Build
 from rocm_assets.core.placement.cost import CostModel, NodeLike, PlacementError
 from rocm_assets.core.placement.heuristics import HEURISTICS, STRATEGIES, run_default, run_greedy
 from rocm_assets.core.placement.problem import EPS, Placed, Problem, build_key

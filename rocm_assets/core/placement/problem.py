@@ -8,13 +8,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
 from itertools import pairwise
-from typing import TYPE_CHECKING, NamedTuple
+from typing import NamedTuple
 
-from rocm_assets.core.builds import Build
+from rocm_assets.core.build.builds import Build
 from rocm_assets.core.placement.cost import MBIT_PER_GB, CostModel, NodeLike, PlacementError
-
-if TYPE_CHECKING:
-    from rocm_assets.core.placement.bounds import LowerBounds
 
 # Times are seconds in doubles; anything closer than this is the same instant.
 EPS = 1e-6
@@ -203,13 +200,6 @@ class Problem:
     @cached_property
     def index(self) -> Index:
         return Index(self)
-
-    @cached_property
-    def bounds(self) -> "LowerBounds":
-        # The bounds build on the index; imported here because they import this module.
-        from rocm_assets.core.placement.bounds import lower_bounds
-
-        return lower_bounds(self)
 
 
 class Run(NamedTuple):

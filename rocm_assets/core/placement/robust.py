@@ -16,7 +16,7 @@ import math
 import random
 from collections.abc import Mapping, Sequence
 
-from rocm_assets.core.builds import Build
+from rocm_assets.core.build.builds import Build
 from rocm_assets.core.placement.problem import Index, Run, left_shift
 
 # Observations before the spread is trusted, and the least spread worth sampling.

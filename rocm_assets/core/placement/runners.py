@@ -17,7 +17,7 @@ from typing import Protocol
 
 from rocm_assets.core.placement.problem import EPS, Problem, Schedule
 from rocm_assets.core.placement.simulate import rollout
-from rocm_assets.core.solver import SolverError, SolveResult, SolveStop, solve
+from rocm_assets.core.placement.solver import SolverError, SolveResult, SolveStop, solve
 
 # How long `ThreadSolver.close` waits for a stopped solve to return before leaving the (daemon)
 # thread behind; a solve notices a stop within milliseconds once its search has started.

@@ -13,8 +13,8 @@ and the tests drive it.
 import random
 from collections.abc import Callable, Iterable, Mapping
 
-from rocm_assets.core.builds import Build
-from rocm_assets.core.placement.bounds import validate_schedule
+from rocm_assets.core.build.builds import Build
+from rocm_assets.core.placement.bounds import lower_bounds, validate_schedule
 from rocm_assets.core.placement.farm import Running
 from rocm_assets.core.placement.online import choose_placements
 from rocm_assets.core.placement.problem import EPS, Assignment, Problem, Schedule
@@ -114,7 +114,9 @@ def simulate(
         (Assignment(ix.builds[i], ix.names[node_of[i]], start[i], end[i]) for i in range(n)),
         key=lambda a: (a.start_s, a.node, a.build),
     )
-    schedule = Schedule(label, tuple(assignments), max(end, default=0.0), problem.bounds.best)
+    schedule = Schedule(
+        label, tuple(assignments), max(end, default=0.0), lower_bounds(problem).best
+    )
     errors = validate_schedule(problem, schedule, factors)
     if errors:
         raise SimulationError(f"{label}: the simulated schedule is invalid: {errors[0]}")

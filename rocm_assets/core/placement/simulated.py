@@ -4,7 +4,7 @@ Its own module: the follower's solver runners use the simulator, so the simulato
 the follower.
 """
 
-from rocm_assets.core.builds import Build
+from rocm_assets.core.build.builds import Build
 from rocm_assets.core.placement.farm import FarmState, FollowSettings, Running
 from rocm_assets.core.placement.follow import PlanFollower
 from rocm_assets.core.placement.problem import Problem

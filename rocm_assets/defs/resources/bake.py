@@ -14,7 +14,8 @@ import dagster as dg
 
 from rocm_assets.core import placement
 from rocm_assets.core.bake import BakeError, BakeGraph, load_graph
-from rocm_assets.core.build import (
+from rocm_assets.core.build.builds import Build
+from rocm_assets.core.build.invocation import (
     BakeInvocation,
     BuildError,
     BuildResult,
@@ -22,8 +23,8 @@ from rocm_assets.core.build import (
     metadata_summary,
     run_bake,
 )
-from rocm_assets.core.builds import Build
-from rocm_assets.core.constants import (
+from rocm_assets.core.build.versions import DEFINITION_METADATA, definition
+from rocm_assets.core.common.constants import (
     PLACEMENT_PLACED,
     PLACEMENT_WAITING,
     ROCM_BUILD_TAG,
@@ -34,10 +35,9 @@ from rocm_assets.core.constants import (
     ROCM_REFUSED_TAG,
     ROCM_WAITING_FOR_TAG,
 )
-from rocm_assets.core.fleet import Fleet, FleetError, Node, fleet_path, load_fleet
-from rocm_assets.core.probes import probe_node
-from rocm_assets.core.settings import bake_file_path
-from rocm_assets.core.versions import DEFINITION_METADATA, definition
+from rocm_assets.core.common.settings import bake_file_path
+from rocm_assets.core.nodes.fleet import Fleet, FleetError, Node, fleet_path, load_fleet
+from rocm_assets.core.nodes.probes import probe_node
 from rocm_assets.defs.registry_checks import latest_built_digest, preflight_run
 from rocm_assets.defs.resources.registry import RegistryResource
 

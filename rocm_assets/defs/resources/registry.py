@@ -1,4 +1,4 @@
-"""The registry as a Dagster resource: configuration only; the work is in rocm_assets.core.registry."""
+"""The registry as a Dagster resource: configuration only; the work is in rocm_assets.core.registry.client."""
 
 import os
 from collections.abc import Callable
@@ -7,13 +7,13 @@ from typing import Self
 import dagster as dg
 from pydantic import Field
 
-from rocm_assets.core.constants import (
+from rocm_assets.core.common.constants import (
     REGISTRY_CA_ENV,
     REGISTRY_PASSWORD_ENV,
     REGISTRY_URL_ENV,
     REGISTRY_USERNAME_ENV,
 )
-from rocm_assets.core.registry import RegistryClient, RegistryError
+from rocm_assets.core.registry.client import RegistryClient, RegistryError
 
 
 class RegistryResource(dg.ConfigurableResource):

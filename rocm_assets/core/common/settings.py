@@ -3,7 +3,7 @@
 import os
 from pathlib import Path
 
-from rocm_assets.core.constants import BAKE_FILE_ENV, DEFAULT_BAKE_FILE
+from rocm_assets.core.common.constants import BAKE_FILE_ENV, DEFAULT_BAKE_FILE
 
 
 def bake_file_path(explicit: str | Path | None = None) -> Path:

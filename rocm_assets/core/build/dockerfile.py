@@ -1,10 +1,10 @@
-"""Read a Dockerfile's stages, ARGs and references with their line numbers; no Docker needed.
+"""A Dockerfile's stages, ARGs and references with their line numbers, as BuildKit reads them.
 
-It follows BuildKit's Dockerfile parser where a bake file's contract with a Dockerfile lives:
-parser directives at the top (`# syntax=`, `# escape=`, `# check=`); comment lines, also inside a
-continued instruction, which BuildKit drops; continuation with the escape character; heredocs
-(`RUN <<EOF`, `COPY <<-"EOF" /dest`), whose bodies are never instructions; global ARGs (before the
-first FROM) and each stage's; `FROM [--platform=...] image [AS name]`; `COPY --from=`; and
+The parsing is BuildKit's own: the `dockerfile` package wraps its Go parser, so parser
+directives (`# syntax=`, `# escape=`), comments inside continued instructions, continuations and
+heredocs read exactly as a build would read them. On top of it, the farm's checks of a file's
+shape (a FROM first, `FROM [--platform=P] image [AS name]`), global and per-stage ARGs, and the
+places that name an image, a stage or a named context: FROM, `COPY --from=` and
 `RUN --mount=...,from=`. `expand` substitutes `$X`, `${X}` and the `${X:-word}` family the way
 BuildKit does for a FROM line.
 """
@@ -16,15 +16,11 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-# Parser directives: only at the very top, before any blank line, comment or instruction.
-_DIRECTIVE = re.compile(r"^#\s*([A-Za-z][A-Za-z0-9_-]*)\s*=\s*(.*?)\s*$")
-_KNOWN_DIRECTIVES = frozenset({"syntax", "escape", "check"})
-# Words as BuildKit's heredoc scan sees them: split on blanks, quotes kept in the word.
-_WORD = re.compile(r"""(?:[^\s'"]+|'[^']*'|"(?:\\.|[^"\\])*")+""")
-# A heredoc is a whole word: `<<EOF`, `<<-EOF`, `<<"EOF"`, `<<'EOF'` (an fd may lead: `3<<EOF`).
-# `'<<EOF'` (quoted), `cat<<EOF` and bash's `<<<word` are none.
-_HEREDOC = re.compile(r"""^\d*<<(-?)(["']?)([^<"'\s]+)\2$""")
-_HEREDOC_KEYWORDS = frozenset({"RUN", "COPY", "ADD"})
+import dockerfile as dockerfile_parser
+
+# BuildKit's parser names a line in some messages: "dockerfile parse error on line 3: ...".
+_EMPTY = "file with no instructions"
+_LINE_IN_ERROR = re.compile(r"(?:dockerfile parse error )?on line (\d+): ?", re.IGNORECASE)
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _OPERATORS = (":-", ":+", ":?", "-", "+", "?")
 
@@ -79,7 +75,6 @@ class Stage:
 @dataclass(frozen=True)
 class Dockerfile:
     path: Path
-    directives: Mapping[str, str]
     instructions: tuple[Instruction, ...]
     global_args: tuple[Arg, ...]
     stages: tuple[Stage, ...]
@@ -187,63 +182,6 @@ def expand(text: str, values: Mapping[str, str]) -> str:
     return "".join(out)
 
 
-def _logical_lines(path: Path, lines: list[str], start: int, escape: str) -> Iterator[Instruction]:
-    """Instructions from `lines[start:]`: continuations joined, comments dropped, heredocs read."""
-    continuation = re.compile(re.escape(escape) + r"[ \t]*$")
-    i = start
-    while i < len(lines):
-        first = lines[i].strip()
-        line_no = i + 1
-        i += 1
-        if not first or first.startswith("#"):
-            continue
-        text = first
-        while continuation.search(text):
-            text = continuation.sub("", text)
-            # A comment or a blank line inside a continued instruction is skipped, not an end.
-            while i < len(lines) and (not lines[i].strip() or lines[i].lstrip().startswith("#")):
-                i += 1
-            if i == len(lines):
-                break
-            text += lines[i].rstrip()
-            i += 1
-        parts = text.split(None, 1)
-        keyword, rest = parts[0].upper(), parts[1].strip() if len(parts) > 1 else ""
-        bodies: list[str] = []
-        if keyword in _HEREDOC_KEYWORDS:
-            heredocs = (_HEREDOC.match(w.group()) for w in _WORD.finditer(rest))
-            for match in (h for h in heredocs if h):
-                chomp, name = match.group(1) == "-", match.group(3)
-                body: list[str] = []
-                while True:
-                    if i == len(lines):
-                        raise DockerfileError(
-                            path, line_no, f"heredoc <<{name} is never closed by a line {name}"
-                        )
-                    raw = lines[i]
-                    i += 1
-                    if (raw.lstrip("\t") if chomp else raw) == name:
-                        break
-                    body.append(raw)
-                bodies.append("\n".join(body))
-        yield Instruction(keyword, rest, line_no, tuple(bodies))
-
-
-def _directives(path: Path, lines: list[str]) -> tuple[dict[str, str], int]:
-    """The parser directives at the top, and the index of the first line after them."""
-    found: dict[str, str] = {}
-    for index, line in enumerate(lines):
-        match = _DIRECTIVE.match(line)
-        # An unknown directive is a comment, and a comment ends the directives.
-        if not match or match.group(1).lower() not in _KNOWN_DIRECTIVES:
-            return found, index
-        key = match.group(1).lower()
-        if key in found:
-            raise DockerfileError(path, index + 1, f"parser directive {key!r} is given twice")
-        found[key] = match.group(2)
-    return found, len(lines)
-
-
 def _words(text: str) -> Iterator[str]:
     """Shell-like words, read lazily: a RUN's flags are read without parsing its whole script."""
     lexer = shlex.shlex(text, posix=True)
@@ -287,14 +225,50 @@ def _mount_from(value: str) -> str | None:
     return None
 
 
+def _buildkit_error_line(text: str) -> int | None:
+    """Where BuildKit's parser gives up, for its messages that name no line: the first line
+    after the longest prefix of the file it still accepts."""
+    lines = text.split("\n")
+    good = 0
+    for end in range(1, len(lines) + 1):
+        try:
+            dockerfile_parser.parse_string("\n".join(lines[:end]))
+        except dockerfile_parser.GoParseError as exc:
+            if str(exc) != _EMPTY:
+                continue
+        good = end
+    after = good + 1
+    while after <= len(lines) and not lines[after - 1].strip():
+        after += 1
+    return min(after, len(lines)) or None
+
+
+def _instructions(text: str, path: Path) -> tuple[Instruction, ...]:
+    try:
+        commands = dockerfile_parser.parse_string(text)
+    except dockerfile_parser.GoParseError as exc:
+        if str(exc) == _EMPTY:  # our own check says it better: no FROM
+            return ()
+        message = str(exc).strip()
+        line = _LINE_IN_ERROR.search(message)
+        where = int(line[1]) if line else _buildkit_error_line(text)
+        raise DockerfileError(path, where, _LINE_IN_ERROR.sub("", message)) from None
+    return tuple(
+        Instruction(
+            c.cmd.upper(),
+            (c.original.split(None, 1)[1:] or [""])[0].split("\n", 1)[0].strip()
+            if c.heredocs
+            else (c.original.split(None, 1)[1:] or [""])[0].strip(),
+            c.start_line,
+            tuple(h.content.removesuffix("\n") for h in c.heredocs),
+        )
+        for c in commands
+    )
+
+
 def parse(text: str, path: Path) -> Dockerfile:
     """Parse Dockerfile `text` (read from `path`, which errors name)."""
-    lines = [line.removesuffix("\r") for line in text.split("\n")]
-    directives, start = _directives(path, lines)
-    escape = directives.get("escape", "\\")
-    if escape not in ("\\", "`"):
-        raise DockerfileError(path, 1, f"escape directive {escape!r}: it must be \\ or `")
-    instructions = tuple(_logical_lines(path, lines, start, escape))
+    instructions = _instructions(text, path)
     global_args: list[Arg] = []
     # Per stage: (name, base, line) and its ARGs.
     heads: list[tuple[str | None, str, int]] = []
@@ -333,7 +307,7 @@ def parse(text: str, path: Path) -> Dockerfile:
     stages = tuple(
         Stage(i, name, base, line, tuple(args[i])) for i, (name, base, line) in enumerate(heads)
     )
-    return Dockerfile(path, directives, instructions, tuple(global_args), stages, tuple(sources))
+    return Dockerfile(path, instructions, tuple(global_args), stages, tuple(sources))
 
 
 def load(path: Path) -> Dockerfile:

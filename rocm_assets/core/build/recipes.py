@@ -33,8 +33,8 @@ from rocm_assets.core.bake import BakeGraph, Target
 from rocm_assets.core.bake.evaluate import Evaluation
 from rocm_assets.core.bake.functions import to_string
 from rocm_assets.core.bake.parse import label_of, line_of
-from rocm_assets.core.constants import PUBLISHED_INPUTS_VAR
-from rocm_assets.core.dockerfile import (
+from rocm_assets.core.common.constants import PUBLISHED_INPUTS_VAR
+from rocm_assets.core.build.dockerfile import (
     Dockerfile,
     DockerfileError,
     expand,

@@ -20,10 +20,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from rocm_assets.core.constants import SSH_KNOWN_HOSTS_ENV
-from rocm_assets.core.fleet import Fleet, Node
-from rocm_assets.core.known_hosts import HostKeyRejected, KnownHostsFiles
-from rocm_assets.core.text import bounded, one_line, shown
+from rocm_assets.core.common.constants import SSH_KNOWN_HOSTS_ENV
+from rocm_assets.core.common.text import bounded, one_line, shown
+from rocm_assets.core.nodes.fleet import Fleet, Node
+from rocm_assets.core.nodes.known_hosts import HostKeyRejected, KnownHostsFiles
 
 if TYPE_CHECKING:
     import paramiko

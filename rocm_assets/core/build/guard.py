@@ -1,6 +1,6 @@
 """The bake's guard: a bake dies with the run worker that started it, and its scratch files too.
 
-    python -m rocm_assets.core.bake_guard --parent PID [--scratch DIR] -- docker buildx bake ...
+    python -m rocm_assets.core.build.guard --parent PID [--scratch DIR] -- docker buildx bake ...
 
 A run worker killed with SIGKILL cannot stop what it started, and a `docker buildx bake` left
 behind kept building on a node the farm had already given to the next build: two builds on one

@@ -17,9 +17,13 @@ from dataclasses import dataclass
 
 import httpx
 
-from rocm_assets.core.constants import REGISTRY_CA_ENV, REGISTRY_PASSWORD_ENV, REGISTRY_USERNAME_ENV
-from rocm_assets.core.deadline_http import Deadline, DeadlineTransport
-from rocm_assets.core.text import bounded, shown
+from rocm_assets.core.common.constants import (
+    REGISTRY_CA_ENV,
+    REGISTRY_PASSWORD_ENV,
+    REGISTRY_USERNAME_ENV,
+)
+from rocm_assets.core.common.text import bounded, shown
+from rocm_assets.core.registry.deadline import Deadline, DeadlineTransport
 
 # A registry error is one line; this bounds it whatever it quotes.
 _MAX_MESSAGE = 1000

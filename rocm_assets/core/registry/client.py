@@ -21,20 +21,20 @@ from typing import Any, Self
 
 import httpx
 
-from rocm_assets.core.constants import (
+from rocm_assets.core.common.constants import (
     REGISTRY_CA_ENV,
     REGISTRY_PASSWORD_ENV,
     REGISTRY_URL_ENV,
     REGISTRY_USERNAME_ENV,
 )
-from rocm_assets.core.registry_http import (
+from rocm_assets.core.registry.http import (
     RegistryError as RegistryError,
     RegistryHttp,
     Reply,
     base_url,
     tls_verify,
 )
-from rocm_assets.core.registry_refs import (
+from rocm_assets.core.registry.refs import (
     DIGEST,
     TAG,
     ForeignImageError,

@@ -2,7 +2,7 @@
 
 Both the code location and the run coordinator load the manifest through `load_fleet`, so the two
 processes cannot disagree about the nodes. What a node says about itself over SSH is
-`rocm_assets.core.probes`.
+`rocm_assets.core.nodes.probes`.
 
 The loader does bounded work on any input: the file is capped in size, YAML anchors and aliases
 are refused before anything is built from them (an alias bomb is a few hundred bytes), nesting is
@@ -20,8 +20,8 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 from pydantic_core import PydanticCustomError
 
-from rocm_assets.core.constants import DEFAULT_FLEET_FILE, FLEET_FILE_ENV
-from rocm_assets.core.text import bounded, shown
+from rocm_assets.core.common.constants import DEFAULT_FLEET_FILE, FLEET_FILE_ENV
+from rocm_assets.core.common.text import bounded, shown
 
 # The shipped manifest is ~4 KB and a farm of a hundred nodes ~20 KB; 256 KiB parses in about a
 # second, and a daemon re-reads a file that failed on every tick.

@@ -35,6 +35,7 @@ from dataclasses import dataclass
 from typing import Any
 
 # Submodules, not the package: the package's follower imports this module.
+from rocm_assets.core.placement.bounds import lower_bounds
 from rocm_assets.core.placement.heuristics import plan
 from rocm_assets.core.placement.problem import Assignment, Problem, Schedule, left_shift
 
@@ -141,7 +142,7 @@ def _schedule(
         ),
         key=lambda a: (a.start_s, a.node, a.build),
     )
-    return Schedule(strategy, tuple(assignments), max(end, default=0.0), problem.bounds.best)
+    return Schedule(strategy, tuple(assignments), max(end, default=0.0), lower_bounds(problem).best)
 
 
 def _order_of(schedule: Schedule, problem: Problem) -> tuple[list[int], list[int]]:
@@ -197,7 +198,7 @@ def solve(
         hint = plan(problem, "default", busy)
     avail0 = ix.avail(busy)
     n, m = len(ix.builds), len(ix.names)
-    bound = problem.bounds.best
+    bound = lower_bounds(problem).best
     if n == 0:
         empty = Schedule(SOLVER_STRATEGY, (), 0.0, bound)
         return SolveResult(empty, "OPTIMAL", 0.0, 0.0, 0.0, hint, False, 0.0, time_limit_s)

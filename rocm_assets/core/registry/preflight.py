@@ -15,9 +15,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from rocm_assets.core.bake import BakeGraph
-from rocm_assets.core.builds import Build
-from rocm_assets.core.constants import DEFINITIONS_MODULE
-from rocm_assets.core.registry import RegistryClient
+from rocm_assets.core.build.builds import Build
+from rocm_assets.core.common.constants import DEFINITIONS_MODULE
+from rocm_assets.core.registry.client import RegistryClient
 
 
 class PreflightError(ValueError):
@@ -132,7 +132,7 @@ def preflight(
 ) -> PreflightReport:
     """Check every registry input of `builds` that neither they nor `published_by_request` make.
 
-    `builds` have arch None for noarch targets (`rocm_assets.core.builds.builds_for`);
+    `builds` have arch None for noarch targets (`rocm_assets.core.build.builds.builds_for`);
     `published_by_request` are the builds an earlier run of the same request will publish.
 
     Raises:

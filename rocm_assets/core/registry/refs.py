@@ -1,13 +1,13 @@
 """What registry requests name: image references, parsed as docker does, and auth challenges.
 
 Pure parsing of the bake file's image references and of servers' WWW-Authenticate headers; the
-client (`rocm_assets.core.registry`) builds on them.
+client (`rocm_assets.core.registry.client`) builds on them.
 """
 
 import re
 from dataclasses import dataclass
 
-from rocm_assets.core.registry_http import RegistryError
+from rocm_assets.core.registry.http import RegistryError
 
 _CHALLENGE_PARAM = re.compile(r'([A-Za-z_][\w-]*)\s*=\s*(?:"([^"]*)"|([^,\s]*))')
 _REPO_COMPONENT = re.compile(r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*")

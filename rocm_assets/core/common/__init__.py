@@ -1,0 +1,1 @@
+"""Names and settings every layer shares, and text and time formatting."""

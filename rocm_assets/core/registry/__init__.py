@@ -1,0 +1,1 @@
+"""The registry: image references, the HTTP client and its deadline transport, and preflight."""
