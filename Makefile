@@ -93,3 +93,19 @@ build-all:
 # The farm live: a line per node, then the queue; Ctrl-C ends it. ONCE=1 prints one frame.
 watch:
 	$(ROCM_ASSETS) watch --url $(DAGSTER_URL) $(if $(ONCE),--once)
+
+# ---- The deployment: deploy/README.md ---------------------------------------------------------
+.PHONY: deploy-base-images deploy-wheelhouse
+
+# The base images from Debian packages, for a Docker host that cannot pull from Docker Hub: a
+# bookworm minbase (debootstrap), Python 3.11, buildx and PostgreSQL. As root, on the host whose
+# engine builds the farm; prints the deploy/.env lines that select them. REBUILD=1 makes them anew.
+deploy-base-images:
+	bash deploy/base-images.sh $(if $(REBUILD),--rebuild)
+
+# Every wheel the farm image installs, for a host whose image builds reach no package index:
+# set ROCM_WHEELHOUSE to WHEELHOUSE and ROCM_PIP_NO_INDEX=1 in deploy/.env.
+WHEELHOUSE ?= $(CURDIR)/deploy/.wheelhouse
+deploy-wheelhouse:
+	$(BIN)/python -m pip download --dest "$(WHEELHOUSE)" . \
+	  "$$(grep -o 'dagster-postgres==[0-9.]*' deploy/Dockerfile)" 'setuptools>=68'

@@ -8,17 +8,33 @@
   $DOCKER_CONFIG/config.json (mode 0600), for the registry host in REGISTRY (bake's) and the one in
   ROCM_REGISTRY_URL. `docker buildx bake --push` sends credentials from there to the BuildKit node;
   `docker login` would need a local Docker engine, which a run worker does not have.
-- Then it becomes the command. A problem is one line on stderr and exit 2; no value is printed.
+- ROCM_REGISTRY_USERNAME without a password (or the reverse) is said in one line, and nothing is
+  written: the container still starts, and what needs the registry says why it was refused.
+- A Dagster process (webserver, daemon, code server, run worker) needs the instance's PostgreSQL:
+  until DAGSTER_POSTGRES_HOST accepts the farm's login, it waits, and says so in one line (again
+  every ROCM_POSTGRES_WAIT_REPORT_S seconds, 60), instead of dying on its first query. A login the
+  server refuses (password, role, database) is a setting, not a wait.
+- Then it becomes the command. A problem is one line on stderr and no value is printed; then exit 2,
+  or with ROCM_ENTRYPOINT_ON_ERROR=hold (compose's long-running services) wait until stopped, so a
+  restart policy does not turn one bad setting into a crash loop.
 """
 
 import base64
 import json
 import os
+import signal
 import sys
+import time
 from pathlib import Path
 from urllib.parse import urlsplit
 
 FILE_VARS = ("ROCM_REGISTRY_USERNAME", "ROCM_REGISTRY_PASSWORD", "DAGSTER_POSTGRES_PASSWORD")
+# The commands that load the Dagster instance, so need its PostgreSQL before anything else.
+DAGSTER_COMMANDS = ("dagster", "dagster-daemon", "dagster-webserver")
+# What PostgreSQL says when the login itself is wrong: waiting would not change it.
+_LOGIN_REFUSED = ("password authentication failed", "does not exist", "no pg_hba.conf entry")
+_CONNECT_TIMEOUT_S = 5
+_RETRY_S = 2.0
 
 
 class EntrypointError(Exception):
@@ -49,8 +65,25 @@ def registry_hosts(env: dict[str, str]) -> list[str]:
     return hosts
 
 
+def say(line: str) -> None:
+    sys.stderr.write(f"rocm-assets entrypoint: {line}\n")
+    sys.stderr.flush()
+
+
 def write_registry_auth(env: dict[str, str]) -> None:
     username, password = env.get("ROCM_REGISTRY_USERNAME"), env.get("ROCM_REGISTRY_PASSWORD")
+    if bool(username) != bool(password):
+        have, lack = (
+            ("ROCM_REGISTRY_USERNAME", "ROCM_REGISTRY_PASSWORD")
+            if username
+            else ("ROCM_REGISTRY_PASSWORD", "ROCM_REGISTRY_USERNAME")
+        )
+        hosts = ", ".join(registry_hosts(env)) or "the registry"
+        say(
+            f"{have} is set but {lack} is empty: no registry auth written, so {hosts} will "
+            f"refuse pushes and reads that need one; set {lack} (or {lack}_FILE)"
+        )
+        return
     if not username or not password:
         return
     hosts = registry_hosts(env)
@@ -84,12 +117,62 @@ def write_registry_auth(env: dict[str, str]) -> None:
         ) from None
 
 
+def _postgres_login_error(env: dict[str, str]) -> str | None:
+    """None once the farm's login to its PostgreSQL succeeds, else why not (one line)."""
+    import psycopg2
+
+    try:
+        connection = psycopg2.connect(
+            host=env["DAGSTER_POSTGRES_HOST"],
+            port=int(env.get("DAGSTER_POSTGRES_PORT") or 5432),
+            user=env.get("DAGSTER_POSTGRES_USER", ""),
+            password=env.get("DAGSTER_POSTGRES_PASSWORD", ""),
+            dbname=env.get("DAGSTER_POSTGRES_DB", ""),
+            connect_timeout=_CONNECT_TIMEOUT_S,
+        )
+    except psycopg2.Error as exc:
+        return " ".join(str(exc).split()) or type(exc).__name__
+    connection.close()
+    return None
+
+
+def wait_for_postgres(env: dict[str, str], argv: list[str]) -> None:
+    """Block until the instance's PostgreSQL takes the farm's login, saying so while it does not."""
+    if not env.get("DAGSTER_POSTGRES_HOST") or os.path.basename(argv[0]) not in DAGSTER_COMMANDS:
+        return
+    where = f"{env['DAGSTER_POSTGRES_HOST']}:{env.get('DAGSTER_POSTGRES_PORT') or 5432}"
+    report_s = float(env.get("ROCM_POSTGRES_WAIT_REPORT_S") or 60)
+    started = time.monotonic()
+    said_at: float | None = None
+    while (error := _postgres_login_error(env)) is not None:
+        if any(marker in error for marker in _LOGIN_REFUSED):
+            raise EntrypointError(f"PostgreSQL at {where} refused the farm's login: {error}")
+        now = time.monotonic()
+        if said_at is None:
+            say(f"waiting for PostgreSQL at {where}: {error}")
+            said_at = now
+        elif now - said_at >= report_s:
+            say(f"still waiting for PostgreSQL at {where} after {now - started:.0f} s: {error}")
+            said_at = now
+        time.sleep(_RETRY_S)
+    if said_at is not None:
+        say(f"PostgreSQL at {where} is up after {time.monotonic() - started:.0f} s")
+
+
+def hold() -> None:
+    """Wait, doing nothing, until the container is stopped (SIGTERM, forwarded by tini)."""
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(2))
+    while True:
+        signal.pause()
+
+
 def main(argv: list[str]) -> None:
     if not argv:
         raise EntrypointError("no command to run")
     env = dict(os.environ)
     secrets_from_files(env)
     write_registry_auth(env)
+    wait_for_postgres(env, argv)
     try:
         os.execvpe(argv[0], argv, env)
     except OSError as exc:
@@ -100,5 +183,8 @@ if __name__ == "__main__":
     try:
         main(sys.argv[1:])
     except EntrypointError as exc:
-        sys.stderr.write(f"rocm-assets entrypoint: {exc}\n")
+        if os.environ.get("ROCM_ENTRYPOINT_ON_ERROR") == "hold":
+            say(f"{exc} (holding until stopped: fix it, then `docker compose up -d`)")
+            hold()
+        say(str(exc))
         sys.exit(2)
