@@ -107,5 +107,4 @@ deploy-base-images:
 # set ROCM_WHEELHOUSE to WHEELHOUSE and ROCM_PIP_NO_INDEX=1 in deploy/.env.
 WHEELHOUSE ?= $(CURDIR)/deploy/.wheelhouse
 deploy-wheelhouse:
-	$(BIN)/python -m pip download --dest "$(WHEELHOUSE)" . \
-	  "$$(grep -o 'dagster-postgres==[0-9.]*' deploy/Dockerfile)" 'setuptools>=68'
+	$(BIN)/python -m pip download --dest "$(WHEELHOUSE)" . -r deploy/requirements.txt 'setuptools>=68'

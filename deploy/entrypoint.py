@@ -14,6 +14,9 @@
   until DAGSTER_POSTGRES_HOST accepts the farm's login, it waits, and says so in one line (again
   every ROCM_POSTGRES_WAIT_REPORT_S seconds, 60), instead of dying on its first query. A login the
   server refuses (password, role, database) is a setting, not a wait.
+- The webserver and the daemon start and stop run workers through the Docker socket mounted at
+  /var/run/docker.sock: one the container may not open (DOCKER_GID is not the socket's group) is a
+  setting, said before the daemon fails every run it dequeues with a traceback.
 - Then it becomes the command. A problem is one line on stderr and no value is printed; then exit 2,
   or with ROCM_ENTRYPOINT_ON_ERROR=hold (compose's long-running services) wait until stopped, so a
   restart policy does not turn one bad setting into a crash loop.
@@ -23,6 +26,7 @@ import base64
 import json
 import os
 import signal
+import socket
 import sys
 import time
 from pathlib import Path
@@ -34,6 +38,9 @@ DAGSTER_COMMANDS = ("dagster", "dagster-daemon", "dagster-webserver")
 # What PostgreSQL says when the login itself is wrong: waiting would not change it.
 _LOGIN_REFUSED = ("password authentication failed", "does not exist", "no pg_hba.conf entry")
 _CONNECT_TIMEOUT_S = 5
+# The processes that reach the Docker engine (DockerRunLauncher launches and terminates runs).
+DOCKER_COMMANDS = ("dagster-daemon", "dagster-webserver")
+DOCKER_SOCKET = "/var/run/docker.sock"
 _RETRY_S = 2.0
 
 
@@ -159,6 +166,29 @@ def wait_for_postgres(env: dict[str, str], argv: list[str]) -> None:
         say(f"PostgreSQL at {where} is up after {time.monotonic() - started:.0f} s")
 
 
+def check_docker_socket(env: dict[str, str], argv: list[str]) -> None:
+    """The mounted Docker socket, if this command uses it, must open for this user."""
+    host = env.get("DOCKER_HOST") or f"unix://{DOCKER_SOCKET}"
+    if os.path.basename(argv[0]) not in DOCKER_COMMANDS or not host.startswith("unix://"):
+        return
+    path = host.removeprefix("unix://")
+    if not os.path.exists(path):
+        return
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+        sock.settimeout(_CONNECT_TIMEOUT_S)
+        try:
+            sock.connect(path)
+        except PermissionError:
+            raise EntrypointError(
+                f"{path}: permission denied for uid {os.getuid()} with groups "
+                f"{sorted(os.getgroups())}: set DOCKER_GID to the socket's group on the host "
+                "(stat -c %g /var/run/docker.sock)"
+            ) from None
+        except OSError:
+            # Down or restarting: the launcher says so itself when it next needs it.
+            return
+
+
 def hold() -> None:
     """Wait, doing nothing, until the container is stopped (SIGTERM, forwarded by tini)."""
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(2))
@@ -172,6 +202,7 @@ def main(argv: list[str]) -> None:
     env = dict(os.environ)
     secrets_from_files(env)
     write_registry_auth(env)
+    check_docker_socket(env, argv)
     wait_for_postgres(env, argv)
     try:
         os.execvpe(argv[0], argv, env)
