@@ -345,3 +345,21 @@ def test_stale_names_a_push_outside_dagster_and_needs_an_instance(tmp_path: Path
     assert rows[("base", "gfx942")]["reasons"] == ["missing", "after input runtime gfx942"]
     assert rows[("runtime", "gfx1100")]["reasons"] == ["missing"]
     assert len(rows) == len(EVERY_BUILD)
+
+
+def test_a_vllm_pin_bump_redefines_exactly_the_two_vllm_targets(tmp_path: Path) -> None:
+    # The shipped bake file, resolved by the installed buildx (bake --print), and its Dockerfiles.
+    shipped = PROJECT_ROOT / "rocm-bake.hcl"
+    base = {t: d.version for t, d in definitions(load_graph(shipped, {})).items()}
+    bumped = definitions(load_graph(shipped, {"SDE_VLLM_REF": "v0.99.0"}))
+    assert {t for t, d in bumped.items() if d.version != base[t]} == {"vllm", "vllm-wheel"}
+    # A comment and blank lines, in a copy beside a copy of the Dockerfiles: nothing moves.
+    shutil.copytree(PROJECT_ROOT / "docker", tmp_path / "docker")
+    copy = tmp_path / shipped.name
+    copy.write_text(f"# a note\n\n{shipped.read_text()}\n\n")
+    assert {t: d.version for t, d in definitions(load_graph(copy, {})).items()} == base
+    # A sixth arch: new partitions, no new code version.
+    copy.write_text(shipped.read_text().replace('"gfx1250"]', '"gfx1250", "gfx1151"]', 1))
+    wider = load_graph(copy, {})
+    assert "gfx1151" in wider.arches
+    assert {t: d.version for t, d in definitions(wider).items()} == base
