@@ -23,11 +23,12 @@ from typing import Any
 import pytest
 import yaml
 
-from rocm_assets.cli.bench import overhead, results, run, scenarios, targets
+from rocm_assets.cli.bench import overhead, report, results, run, scenarios, targets
 from rocm_assets.cli.gantt import GanttError, write_gantt
 from rocm_assets.core.bake import load_graph
 from rocm_assets.core.build.builds import build_deps, builds_for
-from rocm_assets.core.placement import Build, CostModel, Problem, plan, simulate
+from rocm_assets.core.placement import Build, CostModel, Problem, best_bound, plan, simulate
+from rocm_assets.core.placement.bounds import BOUND_SOURCES
 from rocm_assets_tests.helpers import PROJECT_ROOT, free_port, rocm_assets_cli, write_fleet
 from rocm_assets_tests.helpers.placement import (
     FakeCost,
@@ -128,6 +129,10 @@ def test_run_instance_covers_every_strategy_and_the_baselines() -> None:
     assert outcome.plan_s["default"] <= outcome.plan_s["greedy"] + 1e-6
     for strategy, span in spans.items():
         assert span >= outcome.bound_s - 1e-6, strategy
+    # "x LB" divides by `plan`'s bound: here the first solve's proof, above the static bounds.
+    assert outcome.bound == best_bound(instance.problem, outcome.solver.proven_bound_s)
+    assert outcome.bound.source == "solver" and outcome.bound_s > outcome.lower_bound_s
+    assert outcome.to_json()["bound_source"] == "solver"
 
 
 def _noisy_summary(name: str, coordinator: float, solver: float, others: float) -> dict[str, Any]:
@@ -287,8 +292,12 @@ def test_bench_json_schema(quick_bench: tuple[dict[str, Any], Path, str, int]) -
         runs = s["coordinator"]["noisy_samples"]
         assert all(p["shorter"] + p["longer"] <= runs for p in paired.values()), s["name"]
         assert len(s["outcomes"]) == s["instances"]
+        assert sum(s["bound_sources"].values()) == s["instances"], s["name"]
         for o in s["outcomes"]:
             assert o["bound_s"] >= o["lower_bound_s"]
+            assert o["bound_source"] in BOUND_SOURCES
+            if o["bound_source"] != "solver":
+                assert o["bound_s"] == o["lower_bound_s"], o["name"]
             assert all(v >= o["bound_s"] - 0.1 for v in o["makespan_s"].values()), o["name"]
             assert o["plan_makespan_s"]["default"] <= o["plan_makespan_s"]["greedy"] + 0.1
             assert set(o["noisy_makespan_s"]) == set(results.NOISY_STRATEGIES)
@@ -332,6 +341,9 @@ def test_bench_json_schema(quick_bench: tuple[dict[str, Any], Path, str, int]) -
     assert len(doc["gantt"]) == len(charted) * len(results.ALL_STRATEGIES)
     for rel in doc["gantt"]:
         assert (out / rel).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", rel
+    # The text report says which bound "x LB" divides by, under each scenario's table.
+    said = [x for x in report.text_report(doc).splitlines() if "x LB: over each instance" in x]
+    assert len(said) == len(names)
 
 
 # --- rocm-assets plan ------------------------------------------------------------------------
