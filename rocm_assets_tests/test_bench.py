@@ -333,6 +333,10 @@ def test_bench_json_schema(quick_bench: tuple[dict[str, Any], Path, str, int]) -
         load["import_module_s"] + load["defs_s"], abs=0.002
     )
     assert set(doc["overhead"]) == set(overhead.OVERHEADS)
+    # A 100k-line bake: every line in the compute log, a bounded digest in the event log.
+    bake = doc["overhead"]["bake_output"]
+    assert bake["bake_lines"] == bake["compute_log_lines"] == overhead.BAKE_LINES
+    assert bake["event_records"] <= 40
     # The same document is on disk, with the tables and one chart per strategy and scenario.
     assert json.loads((out / "bench-results.json").read_text()) == doc
     tables = (out / "bench-tables.md").read_text()
