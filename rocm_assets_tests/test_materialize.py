@@ -17,6 +17,7 @@ figures).
 """
 
 import os
+import re
 import shlex
 import signal
 import subprocess
@@ -522,6 +523,76 @@ def test_failing_build_fails_its_step_with_bakes_reason_and_pushes_nothing(
     # The log tail ends with bake's reason, naming the step that failed.
     assert error in metadata["log_tail"]
     assert registry_server.digest(f"{farm.registry_var}/e2e/tool-wheel:1.0") is None
+
+
+# ##### A CHATTY BUILD
+
+
+CHATTY_LINES = 100_000
+# A build that prints CHATTY_LINES numbered lines in a few seconds: a thousand at a time, paced
+# under the 200 KiB/s past which BuildKit clips a step's log. RUN_ID is in the step's
+# environment, so every run's step is new to BuildKit's cache and prints them again.
+CHATTY_SCRIPT = (
+    f"echo run $RUN_ID; i=0; while [ $i -lt {CHATTY_LINES // 1000} ]; do "
+    "seq $((i * 1000 + 1)) $((i * 1000 + 1000)); sleep 0.05; i=$((i + 1)); done"
+)
+CHATTY_DOCKERFILE = f"""\
+FROM scratch
+ARG RUN_ID
+COPY busybox /bin/busybox
+RUN --network=none ["/bin/busybox", "sh", "-c", "{CHATTY_SCRIPT}"]
+"""
+CHATTY_HCL = """
+target "chatty" {
+  context    = "."
+  dockerfile = "chatty.Dockerfile"
+  tags       = ["${REGISTRY}/e2e/chatty:${GPU_ARCH}"]
+  args       = { RUN_ID = RUN_ID }
+}
+"""
+# The run's whole event log for a 100k-line bake: Dagster's own records (21 for the step and its
+# check) plus the bake's (6 steps and a summary), 28 in all. Sent as batches, it was 522.
+CHATTY_MAX_EVENTS = 40
+# `#6 0.104 35977`: one line the chatty step printed, in bake's plain progress.
+NUMBERED = re.compile(r"^#\d+ \d+\.\d+ (\d+)$", re.MULTILINE)
+
+
+def compute_log(instance: dg.DagsterInstance, run_id: str) -> str:
+    """Everything the run's process wrote to stdout, as Dagster captured it."""
+    [captured] = run_events(instance, run_id, dg.DagsterEventType.LOGS_CAPTURED)
+    assert captured.dagster_event is not None
+    file_key = captured.dagster_event.logs_captured_data.file_key
+    manager = instance.compute_log_manager
+    data = manager.get_log_data(manager.build_log_key_for_run(run_id, file_key))
+    return (data.stdout or b"").decode()
+
+
+def test_a_100k_line_bake_keeps_its_output_in_the_compute_log_not_the_event_log(
+    builders: Builders, registry_server: RegistryServer, tmp_path: Path
+) -> None:
+    bake_file = copy_e2e(tmp_path / "farm", extra=CHATTY_HCL)
+    (bake_file.parent / "chatty.Dockerfile").write_text(CHATTY_DOCKERFILE)
+    farm = make_farm(builders, tmp_path, registry_server, bake_file)
+    done = materialize_cli(farm.env, "--select", "chatty", "--partition", ARCH)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    with open_instance(farm.home) as instance:
+        [run] = instance.get_runs()
+        assert run.status == dg.DagsterRunStatus.SUCCESS, run_log(instance, run.run_id)
+        records = instance.all_logs(run.run_id)
+        stdout = compute_log(instance, run.run_id)
+    # Every line bake printed is in the compute log, once and in order.
+    printed = [int(n) for n in NUMBERED.findall(stdout)]
+    assert printed == list(range(1, CHATTY_LINES + 1))
+    # The event log holds a bounded digest: the steps, then one summary with the last lines.
+    assert len(records) <= CHATTY_MAX_EVENTS, len(records)
+    messages = [r.message for r in records]
+    assert sum(len(NUMBERED.findall(m)) for m in messages) <= 40
+    assert any(m.startswith("step #") and "RUN --network=none" in m for m in messages)
+    [summary] = [m for m in messages if m.startswith("bake output: ")]
+    total = len(stdout.splitlines())
+    assert summary.startswith(f"bake output: {total:,} lines in ")
+    assert "all of them in this step's compute log (stdout); the last 40:" in summary
+    assert "naming to " in summary
 
 
 # ##### CANCELLATION

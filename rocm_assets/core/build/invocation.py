@@ -356,9 +356,10 @@ def run_bake(
 ) -> BuildResult:
     """Run the bake, streaming its output in batches as it arrives; raise BuildError on failure.
 
-    Batching keeps a 100k-line PyTorch log from becoming 100k run-log events. Any exception in
-    this thread (a cancelled run raises one) terminates bake's process group before re-raising,
-    so no orphan build keeps the node busy.
+    Batches (at most `flush_s` apart, at most 200 lines) keep a 100k-line PyTorch log from
+    costing `on_output` 100k calls; what reaches the run's events is the sink's choice
+    (`output.BakeLog`). Any exception in this thread (a cancelled run raises one) terminates
+    bake's process group before re-raising, so no orphan build keeps the node busy.
     """
     docker = inv.argv[0]
     if shutil.which(docker, path=inv.env.get("PATH")) is None:

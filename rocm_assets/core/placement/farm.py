@@ -108,7 +108,9 @@ class PlanView:
     `strategy` what produced the plan ("default(peft)", "solver", ...); `reason` why it was
     made; `solver` what the solver is doing or did for it; `duration_sigma` how far finished
     builds strayed from their estimates (a lognormal sigma; above 0, plans compare by their
-    mean makespan over draws of it).
+    mean makespan over draws of it); `proven_bound_s` the lower bound (absolute) CP-SAT proved
+    on the finish of this plan generation's builds, as the farm stood when it was made, or None
+    when no solve of it has answered.
     """
 
     strategy: str
@@ -119,3 +121,4 @@ class PlanView:
     solver: str
     duration_sigma: float
     queues: Mapping[str, tuple[PlannedBuild, ...]]
+    proven_bound_s: float | None = None

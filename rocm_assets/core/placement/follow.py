@@ -103,6 +103,9 @@ class PlanFollower:
         self._label = ""
         self._reason = ""
         self._solver_status = "off" if runner is None else (self._solver_off or "idle")
+        # Where the asked solve's problem starts, and the bound its answer proved (absolute).
+        self._solve_origin = 0.0
+        self._proven_s: float | None = None
         self._error: str | None = None
         self._made_s = 0.0
         self._makespan_s = 0.0
@@ -189,6 +192,7 @@ class PlanFollower:
             self._solver_status,
             round(self._spread.sigma, 4),
             queues,
+            self._proven_s,
         )
 
     def next_check_s(self) -> float | None:
@@ -270,6 +274,7 @@ class PlanFollower:
         now, pending, running = s.now_s, s.pending, s.running
         old_slots, old_label, old_solved = self._slots, self._label, self._solved
         self._solved = False
+        self._proven_s = None
         self._generation += 1
         self.replans += 1
         self._has_plan = True
@@ -435,6 +440,7 @@ class PlanFollower:
         )
         budget = solver_budget_s(n, self.settings)
         self._solver_status = f"solving {n} builds for up to {budget:.3g} s"
+        self._solve_origin = self._made_s
         self._runner.submit(SolveRequest(self._generation, problem, busy_until, hint, budget))
 
     def _take_solver_result(self, s: FarmState) -> None:
@@ -451,6 +457,7 @@ class PlanFollower:
                 self._solver_off = message
             return
         result = outcome.result
+        self._proven_s = self._solve_origin + result.proven_bound_s
         solved = {a.build: _Slot(a.node, a.start_s, a.end_s) for a in result.schedule.assignments}
         if not self._moved and self._ix is not None:
             # Nothing started since the plan was made: both plans start from its origin.

@@ -1,6 +1,7 @@
 """The build resource: holds the run's builder (waiting in line if it must), then bakes there."""
 
 import os
+import sys
 import tempfile
 import threading
 import time
@@ -23,6 +24,7 @@ from rocm_assets.core.build.invocation import (
     metadata_summary,
     run_bake,
 )
+from rocm_assets.core.build.output import PROGRESS_S, BakeLog
 from rocm_assets.core.build.versions import DEFINITION_METADATA, definition
 from rocm_assets.core.common.constants import (
     PLACEMENT_PLACED,
@@ -109,6 +111,18 @@ def md_block(lines: tuple[str, ...] | list[str]) -> dg.MetadataValue:
     return dg.MetadataValue.md("```\n" + "\n".join(lines) + "\n```")
 
 
+def run_logged_bake(
+    inv: BakeInvocation, log: dg.DagsterLogManager, progress_s: float = PROGRESS_S
+) -> BuildResult:
+    """`run_bake` with its output on stdout, which Dagster keeps as the step's compute log, and
+    only its steps, a progress line every `progress_s` and a summary in the run's events."""
+    output = BakeLog(sys.stdout, log.info, progress_s=progress_s)
+    try:
+        return run_bake(inv, on_output=output)
+    finally:
+        output.close()
+
+
 class BakeResource(dg.ConfigurableResource):
     """Runs `docker buildx bake` for one target and arch on the run's node, inputs from the registry."""
 
@@ -116,6 +130,9 @@ class BakeResource(dg.ConfigurableResource):
     fleet_file: str | None = None
     docker: str = "docker"
     progress: str = "plain"
+    # Seconds between one-line progress events while bake prints; its output itself goes to
+    # the step's compute log, not the event log.
+    output_progress_s: float = PROGRESS_S
     # How often an unplaced in-process run looks again for a free node.
     node_poll_s: float = 10.0
 
@@ -355,7 +372,7 @@ class BakeResource(dg.ConfigurableResource):
         node: Node,
         jobs: int,
     ) -> tuple[BakeInvocation, BuildResult]:
-        """One bake of `target` for `partition` on `node`, its output streamed to the run log."""
+        """One bake of `target` for `partition` on `node`, its output streamed to the compute log."""
         arch = graph.build_arch(target, partition or graph.arches[0])
         # The bake's guard removes it if this worker dies mid-bake.
         with tempfile.TemporaryDirectory(prefix="rocm-bake-", ignore_cleanup_errors=True) as tmp:
@@ -375,7 +392,7 @@ class BakeResource(dg.ConfigurableResource):
             )
             context.log.info("baking %s for %s on %s: %s", target, arch, node.name, inv.command())
             try:
-                result = run_bake(inv, on_output=lambda lines: context.log.info("\n".join(lines)))
+                result = run_logged_bake(inv, context.log, self.output_progress_s)
             except BuildError as exc:
                 metadata = {"command": dg.MetadataValue.text(inv.command()), "node": node.name}
                 if exc.log_tail:
