@@ -25,6 +25,7 @@ import dagster as dg
 from rocm_assets.core import placement
 from rocm_assets.core.bake import BakeError, BakeGraph, load_graph
 from rocm_assets.core.build.builds import Build, build_deps
+from rocm_assets.core.build.guard import GRACE_S
 from rocm_assets.core.common.constants import (
     PLACEMENT_PLACED,
     PLACEMENT_WAITING,
@@ -47,12 +48,15 @@ from rocm_assets.core.placement.follow import COORDINATOR_STRATEGY, PlanFollower
 from rocm_assets.core.placement.runners import ThreadSolver
 from rocm_assets.core.registry.preflight import materialize_command
 from rocm_assets.instance import claims
+from rocm_assets.instance.drain import BakeDrain
 from rocm_assets.instance.history import finished_builds, measured_durations
 from rocm_assets.instance.runs import IN_FLIGHT_STATUSES, builds_of_run
 
 logger = logging.getLogger("rocm_assets.instance")
 
 _MEASURED_TTL_S = 300.0
+# How long a cancelled bake is expected to take to end: the bake guard's grace, and some.
+_ENDING_BAKE_S = GRACE_S + 10.0
 
 
 # Where the followed plan is kept for `rocm-assets watch`: the instance's key-value store.
@@ -74,6 +78,9 @@ class PlacerSettings:
     lease_seconds: float = 300.0
     # How long a build waits on an input whose last run failed or was cancelled before failing.
     input_wait_seconds: float = 1800.0
+    # The longest a run that ended holding its builder keeps it while BuildKit still shows its
+    # bake running there (or cannot be read).
+    bake_end_wait_seconds: float = 60.0
 
 
 @dataclass
@@ -144,6 +151,7 @@ class Placer:
         self._last_error: str | None = None
         self._follower: PlanFollower | None = None
         self._stored_plan: tuple[object, ...] | None = None
+        self._drain = BakeDrain(instance, settings.bake_end_wait_seconds)
 
     def _measured_durations(
         self, graph: BakeGraph, fleet: Fleet
@@ -155,6 +163,7 @@ class Placer:
         return cached
 
     def close(self) -> None:
+        self._drain.close()
         if self._follower is not None:
             self._follower.close()
 
@@ -184,8 +193,7 @@ class Placer:
         if self.settings.probe_nodes:
             self._probes.watch(fleet)
         claims.ensure_builder_pools(self._instance, {n.builder for n in fleet.nodes})
-        for builder, run_id in claims.release_finished(self._instance):
-            logger.info("freed builder %s: run %s has ended", builder, run_id)
+        self._drain.sweep(now)
         farm = self._read_farm(graph, fleet, now)
         if not farm.waiting:
             return None
@@ -360,6 +368,12 @@ class Placer:
                 self._tag_waiting(run, f"the same build is in run {other[:8]}; this one waits")
                 continue
             farm.waiting[build] = _Waiting(run, build, in_process)
+        # A machine an ended run still holds: its bake is ending there (the drain frees it).
+        for builder, (run_id, ended) in self._drain.draining().items():
+            node = by_builder.get(builder)
+            name = node.name if node is not None else f"builder:{builder}"
+            end = max(ended + _ENDING_BAKE_S, now + 1.0)
+            farm.running[Build(f"run:{run_id}")] = (name, ended, end)
         # A build both running and waiting: the waiting request runs after it.
         for build in [b for b in farm.waiting if b in farm.running]:
             run = farm.waiting.pop(build).run
