@@ -375,7 +375,11 @@ class BakeResource(dg.ConfigurableResource):
             )
             context.log.info("baking %s for %s on %s: %s", target, arch, node.name, inv.command())
             try:
-                result = run_bake(inv, on_output=lambda lines: context.log.info("\n".join(lines)))
+                result = run_bake(
+                    inv,
+                    on_output=lambda lines: context.log.info("\n".join(lines)),
+                    on_retry=context.log.warning,
+                )
             except BuildError as exc:
                 metadata = {"command": dg.MetadataValue.text(inv.command()), "node": node.name}
                 if exc.log_tail:
