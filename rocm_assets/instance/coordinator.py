@@ -213,7 +213,8 @@ class PlacementRunCoordinator(dg.QueuedRunCoordinator):
                 dg.IntSource,
                 default_value=int(_PLACER.input_wait_seconds),
                 description="How long a build waits on an input whose last run failed or was "
-                "cancelled (for someone to rebuild it) before it fails, naming the input.",
+                "cancelled (for someone to rebuild it) before it fails, naming the input and "
+                "that run. Default 0: it fails at once, so nothing queues behind a failed input.",
             ),
             "bake_end_wait_seconds": dg.Field(
                 dg.IntSource,

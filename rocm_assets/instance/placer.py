@@ -76,8 +76,9 @@ class PlacerSettings:
     probe_nodes: bool = True
     # A started run whose worker has not renewed its claim's lease for this long is dead.
     lease_seconds: float = 300.0
-    # How long a build waits on an input whose last run failed or was cancelled before failing.
-    input_wait_seconds: float = 1800.0
+    # How long a build waits on an input whose last run failed or was cancelled before failing;
+    # 0: it fails at once, naming the input and that run.
+    input_wait_seconds: float = 0.0
     # The longest a run that ended holding its builder keeps it while BuildKit still shows its
     # bake running there (or cannot be read).
     bake_end_wait_seconds: float = 60.0
@@ -447,10 +448,12 @@ class Placer:
                     waiting.run, f"waits for {dep} to be rebuilt: {reason} ({command})"
                 )
                 continue
-            message = (
-                f"input {dep} is not published: {reason} and nothing rebuilt it within "
-                f"{duration(self.settings.input_wait_seconds)}; build it with: {command}"
+            waited = (
+                f" and nothing rebuilt it within {duration(self.settings.input_wait_seconds)}"
+                if self.settings.input_wait_seconds > 0
+                else ""
             )
+            message = f"input {dep} is not published: {reason}{waited}; build it with: {command}"
             self._contain(waiting.run, self._refuse, waiting, message)
         # What waits on a held build waits too: a held build is not published either.
         grew = True
