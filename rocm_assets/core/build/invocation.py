@@ -84,7 +84,7 @@ _REGISTRY_TROUBLE = tuple(
         r"TLS handshake timeout",
         r"\bbroken pipe\b",
         r"\bunexpected EOF\b",
-        r"unexpected (HTTP )?status\b[^:]*: 5\d\d\b",
+        r"unexpected (HTTP )?status\b.*: 5\d\d\b",
     )
 )
 _STEP_FAILED = "did not complete successfully"
