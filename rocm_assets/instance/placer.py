@@ -51,6 +51,7 @@ from rocm_assets.instance import claims
 from rocm_assets.instance.drain import BakeDrain
 from rocm_assets.instance.history import finished_builds, measured_durations
 from rocm_assets.instance.runs import IN_FLIGHT_STATUSES, builds_of_run
+from rocm_assets.instance.stored_plan import PLAN_KEY, PlanUnreadable, plan_json, read_plan
 
 logger = logging.getLogger("rocm_assets.instance")
 
@@ -59,8 +60,6 @@ _MEASURED_TTL_S = 300.0
 _ENDING_BAKE_S = GRACE_S + 10.0
 
 
-# Where the followed plan is kept for `rocm-assets watch`: the instance's key-value store.
-PLAN_KEY = "rocm/plan"
 # A waiting run's estimated start is rewritten only when it moved by more than this.
 _EST_TAG_SLACK_S = 60.0
 
@@ -152,6 +151,9 @@ class Placer:
         self._last_error: str | None = None
         self._follower: PlanFollower | None = None
         self._stored_plan: tuple[object, ...] | None = None
+        # The plan text this daemon last stored, and the last unreadable one it found instead.
+        self._written: str | None = None
+        self._unreadable: str | None = None
         self._drain = BakeDrain(instance, settings.bake_end_wait_seconds)
 
     def _measured_durations(
@@ -191,6 +193,7 @@ class Placer:
         except (BakeError, FleetError, OSError) as exc:
             self._hold_everything(f"cannot read the farm's files, nothing is placed: {exc}")
             return None
+        self._check_stored_plan()
         if self.settings.probe_nodes:
             self._probes.watch(fleet)
         claims.ensure_builder_pools(self._instance, {n.builder for n in fleet.nodes})
@@ -305,7 +308,25 @@ class Placer:
         if key == self._stored_plan:
             return
         self._stored_plan = key
-        self._instance.run_storage.set_cursor_values({PLAN_KEY: json.dumps(plan_json(view))})
+        self._written = json.dumps(plan_json(view))
+        self._instance.run_storage.set_cursor_values({PLAN_KEY: self._written})
+
+    def _check_stored_plan(self) -> None:
+        """A stored plan this daemon did not write and nobody can read (overwritten by hand or
+        by another version): said once, and the plan is made again and stored over it."""
+        stored = self._instance.run_storage.get_cursor_values({PLAN_KEY}).get(PLAN_KEY)
+        if stored is None or stored in (self._written, self._unreadable):
+            return
+        try:
+            read_plan(stored)
+        except PlanUnreadable as exc:
+            self._unreadable = stored
+            self._stored_plan = None
+            logger.warning(
+                "placement: the stored plan %s is unreadable, re-planning: %s", PLAN_KEY, exc
+            )
+            if self._follower is not None:
+                self._follower.replan(f"the stored plan was unreadable: {exc}")
 
     def _read_farm(self, graph: BakeGraph, fleet: Fleet, now: float) -> _Farm:
         """Runs in flight, sorted into waiting builds and builds holding a machine."""
@@ -556,19 +577,3 @@ class Placer:
 
     def event(self, run: dg.DagsterRun, message: str) -> None:
         self._instance.report_engine_event(message, run)
-
-
-def plan_json(view: PlanView) -> dict[str, Any]:
-    """The followed plan as `rocm-assets watch` reads it (PLAN_KEY)."""
-    return {
-        "strategy": view.strategy,
-        "generation": view.generation,
-        "made_at": view.made_s,
-        "expected_finish": view.makespan_s,
-        "reason": view.reason,
-        "solver": view.solver,
-        "queues": {
-            node: [[str(p.build), p.est_start_s, p.est_finish_s] for p in planned]
-            for node, planned in view.queues.items()
-        },
-    }
