@@ -16,6 +16,7 @@ import logging
 import os
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -28,6 +29,7 @@ from rocm_assets.instance.stored_plan import PLAN_KEY, read_plan
 from rocm_assets_tests.helpers import PROJECT_ROOT
 from rocm_assets_tests.helpers.instance import coordinator_config, iterate, submit
 
+logger = logging.getLogger(__name__)
 # More builds than nodes: some wait, so the plan has queues.
 BUILDS = (
     ("rocm-runtime", "gfx942"),
@@ -133,7 +135,11 @@ def test_an_unreadable_plan_is_said_by_watch_and_made_again_by_the_daemon(
     # The daemon: one warning, no traceback, a new plan over the bad one.
     caplog.set_level(logging.INFO)
     caplog.clear()
+    started = time.monotonic()
     iterate(farm)
+    logger.info(
+        "plan stored again %.2f s after the daemon's iteration began", time.monotonic() - started
+    )
     said = [r for r in caplog.records if "stored plan" in r.getMessage()]
     assert [(r.levelname, r.getMessage()) for r in said] == [
         ("WARNING", f"placement: the stored plan {PLAN_KEY} is unreadable, re-planning: {why}")
