@@ -139,7 +139,7 @@ def test_a_killed_worker_fails_its_run_cancels_its_build_and_frees_its_node_afte
             assert claims.holder(instance, E2E_BUILDER) == killed
 
             os.kill(worker, signal.SIGKILL)
-            killed_at = time.monotonic()
+            killed_at, killed_wall = time.monotonic(), time.time()
             released = daemon_until(
                 workspace,
                 lambda: claims.holder(instance, E2E_BUILDER) != killed,
@@ -169,6 +169,9 @@ def test_a_killed_worker_fails_its_run_cancels_its_build_and_frees_its_node_afte
         [record] = run_records(builders, E2E_BUILDER, killed)
         _, ended = record_span(record)
         assert ended <= datetime.fromtimestamp(freed_at(instance, killed), UTC)
+        logger.info(
+            "BuildKit ended the killed build %.1f s after the kill", ended.timestamp() - killed_wall
+        )
         [next_record] = run_records(builders, E2E_BUILDER, after)
         assert record_span(next_record)[0] >= ended
         assert next_record.status == "Completed"

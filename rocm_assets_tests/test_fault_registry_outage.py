@@ -148,6 +148,7 @@ def test_a_registry_that_stays_away_fails_the_build_after_its_retries(
     with pytest.raises(BuildError) as failed:
         run_bake(inv, on_output=lambda _: None, on_retry=said.append, retry_s=12)
     message = str(failed.value)
+    logger.info("%s", message)
     assert "\n" not in message
     assert message.startswith(
         f"bake of base for {ARCH} on builder {E2E_BUILDER} failed (exit 1): ERROR: "
@@ -280,6 +281,7 @@ def test_a_dependent_of_a_failed_input_fails_at_once_naming_it(
             record, dep_record = runs[target], runs[dep_target]
             assert record is not None and dep_record is not None
             [failure] = instance.all_logs(run_ids[target], of_type=dg.DagsterEventType.RUN_FAILURE)
+            logger.info("%s", failure.message)
             assert failure.message == (
                 f"input {dep} is not published: its last run {run_ids[dep_target][:8]} ended "
                 f"FAILURE; build it with: {command[target]}"
