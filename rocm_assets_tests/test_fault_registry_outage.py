@@ -32,6 +32,7 @@ from rocm_assets.core.build.invocation import (
     registry_trouble,
     run_bake,
 )
+from rocm_assets.core.registry.client import RegistryClient, RegistryError
 from rocm_assets_tests.helpers import free_port
 from rocm_assets_tests.helpers.queued_farm import (
     BUILD_PREFIX,
@@ -49,8 +50,11 @@ from rocm_assets_tests.servers.dockerd import (
     E2E_BUILDER,
     Builders,
     EnginePool,
+    bake_push,
     make_builders,
+    record_span,
 )
+from rocm_assets_tests.servers.hostile_registry import HostileRegistry, Scripted
 from rocm_assets_tests.servers.registry import RegistryServer, start_docker_registry
 
 logger = logging.getLogger(__name__)
@@ -125,6 +129,31 @@ def test_the_registry_is_blamed_only_for_network_errors_and_5xx(
 ) -> None:
     output = ("#9 pushing r:5000/x:1 with docker", last_line)
     assert (registry_trouble(output) == last_line) is registry
+
+
+@pytest.mark.parametrize(
+    ("reply", "transient"),
+    [
+        (Scripted(status=503, reason="Service Unavailable"), True),
+        (Scripted(status=500, reason="Internal Server Error"), True),
+        (Scripted(status=429, reason="Too Many Requests"), True),
+        (Scripted(status=401, reason="Unauthorized"), False),
+        (Scripted(status=400, reason="Bad Request"), False),
+    ],
+)
+def test_a_registry_error_says_whether_asking_again_may_help(
+    hostile_registry: HostileRegistry, reply: Scripted, transient: bool
+) -> None:
+    hostile_registry.script([reply])
+    with RegistryClient(hostile_registry.url, retries=0) as client:
+        with pytest.raises(RegistryError) as failed:
+            client.digest("e2e/base", ARCH)
+    assert failed.value.transient is transient
+    # Nobody listening at all: the registry is away.
+    with RegistryClient(f"http://127.0.0.1:{free_port()}", retries=0) as client:
+        with pytest.raises(RegistryError) as away:
+            client.digest("e2e/base", ARCH)
+    assert away.value.transient
 
 
 def test_a_registry_that_stays_away_fails_the_build_after_its_retries(
@@ -237,6 +266,55 @@ def test_a_registry_outage_under_the_bound_loses_no_build(
             for target in roots:
                 assert "connection refused); attempt 2 in 5s" in run_log(instance, run_ids[target])
             assert_one_build_at_a_time(farm, run_ids)
+    finally:
+        registry.stop()
+
+
+def test_a_build_placed_while_the_registry_is_down_waits_for_it_and_builds(
+    builders: Builders, e2e_context: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    registry = start_docker_registry(tmp_path / "registry")
+    try:
+        farm = make_queued_farm(
+            builders, tmp_path, registry, E2E_BAKE_FILE, {"node-a": E2E_BUILDER}, HOLD_S="0"
+        )
+        # lib's inputs are published, outside Dagster, before the registry goes away.
+        bake_push(E2E_BUILDER, E2E_BAKE_FILE, {**farm.env, "GPU_ARCH": ARCH}, "base", "tool-wheel")
+        registry.stop()
+        stopped = time.monotonic()
+        with placement_instance(farm, monkeypatch) as (instance, workspace):
+            run_id = submit_build(instance, workspace, "lib", ARCH)
+            daemon_until(
+                workspace,
+                lambda: "preflight could not reach the registry" in run_log(instance, run_id),
+                "the run's preflight to find the registry away",
+            )
+            # Away for 30 s in all, from before the run was submitted.
+            time.sleep(max(0.0, 30.0 - (time.monotonic() - stopped)))
+            registry.restart()
+            back_at = time.time()
+            daemon_until(
+                workspace,
+                lambda: status(instance, run_id) in _FINISHED,
+                "the build to end",
+            )
+            assert status(instance, run_id) == dg.DagsterRunStatus.SUCCESS, run_log(
+                instance, run_id
+            )
+            [entry] = instance.all_logs(run_id, of_type=dg.DagsterEventType.ASSET_MATERIALIZATION)
+            logger.info("lib pushed %.0f s after the registry came back", entry.timestamp - back_at)
+            materialization = entry.asset_materialization
+            assert materialization is not None
+            graph = load_graph(E2E_BAKE_FILE, {**farm.env, "GPU_ARCH": ARCH})
+            digest = materialization.metadata["digest"].value
+            assert registry.digest(graph.tags("lib", ARCH)[0]) == digest
+            log = run_log(instance, run_id)
+            assert "cannot connect for " in log and "attempt 2 in 5s" in log
+            # Nothing was built until the preflight passed: one bake, after the registry was back.
+            [record] = run_records(builders, E2E_BUILDER, run_id)
+            assert record.status == "Completed"
+            assert record_span(record)[0].timestamp() >= back_at
+            assert builders.overlaps(BUILD_PREFIX, {record.name}) == []
     finally:
         registry.stop()
 
