@@ -281,3 +281,24 @@ def test_a_builder_whose_history_cannot_be_read_is_freed_after_the_bound(
             f"builder {builder} freed: 2s after the run ended, though docker buildx history ls "
             f'--builder {builder} failed: ERROR: no builder "{builder}" found'
         )
+
+
+def test_a_run_its_worker_failed_itself_frees_its_builder_at_once(fleet_file: Path) -> None:
+    # A worker that ends its run itself (a preflight that found an input missing, a failed
+    # bake) stopped any bake of it first: nothing to wait for, nobody died.
+    with instance_for_test(overrides=coordinator_config(fleet_file)) as instance:
+        run = submit(instance, "rocm-runtime", "gfx942")
+        iterate(instance)
+        placed = instance.get_run_by_id(run.run_id)
+        assert placed is not None
+        builder = placed.tags[ROCM_BUILDER_TAG]
+        for kind in (DagsterEventType.RUN_START, DagsterEventType.RUN_FAILURE):
+            instance.report_dagster_event(
+                DagsterEvent(kind.value, job_name=placed.job_name, pid=os.getpid()),
+                run_id=run.run_id,
+            )
+        iterate(instance)
+        assert claims.holder(instance, builder) is None
+        failed = instance.get_run_by_id(run.run_id)
+        assert failed is not None and ROCM_FAILURE_TAG not in failed.tags
+        assert "died" not in messages(instance, run.run_id)

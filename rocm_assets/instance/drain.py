@@ -47,6 +47,11 @@ _READERS = 4
 # How Dagster words a lost run worker: the code server's `get_run_crash_explanation`.
 _SIGNALLED = re.compile(r"terminated by signal (\d+)")
 _EXITED = re.compile(r"exited with code (-?\d+)")
+_RUN_ENDS = {
+    dg.DagsterEventType.RUN_SUCCESS,
+    dg.DagsterEventType.RUN_FAILURE,
+    dg.DagsterEventType.RUN_CANCELED,
+}
 
 
 @dataclass
@@ -102,9 +107,11 @@ class BakeDrain:
                 continue
             ending = self._ending.get(builder)
             if ending is None:
-                # A missing run was deleted (a run claims only after it is stored); one whose
-                # worker never started baked nothing.
-                if record is None or self._worker_start(run_id) is None:
+                # A missing run was deleted (a run claims only after it is stored); a worker
+                # that never started baked nothing, and one that ended its run itself stopped
+                # its bake first (run_bake).
+                start = self._worker_start(run_id) if record is not None else None
+                if record is None or start is None or self._ended_by(run_id, start.pid):
                     self._free(builder, run_id, "its run has ended")
                     continue
                 ending = self._ending[builder] = self._begin(builder, record, now)
@@ -180,6 +187,14 @@ class BakeDrain:
             run_id, of_type=dg.DagsterEventType.RUN_START, limit=1
         ).records
         return found[0].event_log_entry.dagster_event if found else None
+
+    def _ended_by(self, run_id: str, pid: int | None) -> bool:
+        """The run's end was reported by the process `pid` (its worker), not from outside."""
+        found = self._instance.get_records_for_run(
+            run_id, of_type=_RUN_ENDS, ascending=False, limit=1
+        ).records
+        event = found[0].event_log_entry.dagster_event if found else None
+        return pid is not None and event is not None and event.pid == pid
 
     def death_line(self, run: dg.DagsterRun, builder: str) -> str:
         """`run worker (pid N) died mid-bake of <target> <arch> on <node>: <how>`, one line."""
