@@ -37,9 +37,10 @@ from rocm_assets.instance.claims import (
     claims,
     ensure_builder_pools,
     holder,
-    release_finished,
+    release_claim,
     release_run,
 )
+from rocm_assets.instance.drain import BakeDrain
 from rocm_assets_tests.claim_workers import claim_rounds, lockstep_claim
 
 CLAIMERS = 8
@@ -243,9 +244,10 @@ def test_release_run(instance: dg.DagsterInstance) -> None:
 
 
 @pytest.mark.real
-def test_release_finished(instance: dg.DagsterInstance) -> None:
-    """Real SQLite / PostgreSQL 15 instance with real run records in each status: claims of
-    finished (SUCCESS, FAILURE, CANCELED) and missing runs are freed; the rest stay."""
+def test_the_daemon_frees_the_claims_of_runs_that_never_baked(instance: dg.DagsterInstance) -> None:
+    """Real SQLite / PostgreSQL 15 instance with real run records in each status: the daemon's
+    sweep (rocm_assets.instance.drain) frees the claims of finished (SUCCESS, FAILURE, CANCELED)
+    runs whose worker never started, so never baked, and of missing runs at once; the rest stay."""
     statuses = {
         "done": dg.DagsterRunStatus.SUCCESS,
         "failed": dg.DagsterRunStatus.FAILURE,
@@ -264,11 +266,14 @@ def test_release_finished(instance: dg.DagsterInstance) -> None:
     for builder, run_id in run_ids.items():
         assert claim_builder(instance, builder, run_id)
 
-    freed = release_finished(instance)
+    drain = BakeDrain(instance, wait_s=3600)
+    drain.sweep(time.time())
 
-    assert sorted(freed) == sorted((b, run_ids[b]) for b in ("done", "failed", "canceled", "gone"))
     assert claims(instance) == {b: run_ids[b] for b in ("running", "starting", "queued")}
-    assert release_finished(instance) == []
+    assert drain.draining() == {}
+    assert not release_claim(instance, "done", run_ids["done"])
+    assert not release_claim(instance, "running", run_ids["queued"])
+    assert release_claim(instance, "running", run_ids["running"])
 
 
 @pytest.mark.real

@@ -25,6 +25,7 @@ import dagster as dg
 from rocm_assets.core import placement
 from rocm_assets.core.bake import BakeError, BakeGraph, load_graph
 from rocm_assets.core.build.builds import Build, build_deps
+from rocm_assets.core.build.guard import GRACE_S
 from rocm_assets.core.common.constants import (
     PLACEMENT_PLACED,
     PLACEMENT_WAITING,
@@ -47,16 +48,18 @@ from rocm_assets.core.placement.follow import COORDINATOR_STRATEGY, PlanFollower
 from rocm_assets.core.placement.runners import ThreadSolver
 from rocm_assets.core.registry.preflight import materialize_command
 from rocm_assets.instance import claims
+from rocm_assets.instance.drain import BakeDrain
 from rocm_assets.instance.history import finished_builds, measured_durations
 from rocm_assets.instance.runs import IN_FLIGHT_STATUSES, builds_of_run
+from rocm_assets.instance.stored_plan import PLAN_KEY, PlanUnreadable, plan_json, read_plan
 
 logger = logging.getLogger("rocm_assets.instance")
 
 _MEASURED_TTL_S = 300.0
+# How long a cancelled bake is expected to take to end: the bake guard's grace, and some.
+_ENDING_BAKE_S = GRACE_S + 10.0
 
 
-# Where the followed plan is kept for `rocm-assets watch`: the instance's key-value store.
-PLAN_KEY = "rocm/plan"
 # A waiting run's estimated start is rewritten only when it moved by more than this.
 _EST_TAG_SLACK_S = 60.0
 
@@ -72,8 +75,12 @@ class PlacerSettings:
     probe_nodes: bool = True
     # A started run whose worker has not renewed its claim's lease for this long is dead.
     lease_seconds: float = 300.0
-    # How long a build waits on an input whose last run failed or was cancelled before failing.
-    input_wait_seconds: float = 1800.0
+    # How long a build waits on an input whose last run failed or was cancelled before failing;
+    # 0: it fails at once, naming the input and that run.
+    input_wait_seconds: float = 0.0
+    # The longest a run that ended holding its builder keeps it while BuildKit still shows its
+    # bake running there (or cannot be read).
+    bake_end_wait_seconds: float = 60.0
 
 
 @dataclass
@@ -144,6 +151,10 @@ class Placer:
         self._last_error: str | None = None
         self._follower: PlanFollower | None = None
         self._stored_plan: tuple[object, ...] | None = None
+        # The plan text this daemon last stored, and the last unreadable one it found instead.
+        self._written: str | None = None
+        self._unreadable: str | None = None
+        self._drain = BakeDrain(instance, settings.bake_end_wait_seconds)
 
     def _measured_durations(
         self, graph: BakeGraph, fleet: Fleet
@@ -155,6 +166,7 @@ class Placer:
         return cached
 
     def close(self) -> None:
+        self._drain.close()
         if self._follower is not None:
             self._follower.close()
 
@@ -181,11 +193,11 @@ class Placer:
         except (BakeError, FleetError, OSError) as exc:
             self._hold_everything(f"cannot read the farm's files, nothing is placed: {exc}")
             return None
+        self._check_stored_plan()
         if self.settings.probe_nodes:
             self._probes.watch(fleet)
         claims.ensure_builder_pools(self._instance, {n.builder for n in fleet.nodes})
-        for builder, run_id in claims.release_finished(self._instance):
-            logger.info("freed builder %s: run %s has ended", builder, run_id)
+        self._drain.sweep(now)
         farm = self._read_farm(graph, fleet, now)
         if not farm.waiting:
             return None
@@ -296,7 +308,25 @@ class Placer:
         if key == self._stored_plan:
             return
         self._stored_plan = key
-        self._instance.run_storage.set_cursor_values({PLAN_KEY: json.dumps(plan_json(view))})
+        self._written = json.dumps(plan_json(view))
+        self._instance.run_storage.set_cursor_values({PLAN_KEY: self._written})
+
+    def _check_stored_plan(self) -> None:
+        """A stored plan this daemon did not write and nobody can read (overwritten by hand or
+        by another version): said once, and the plan is made again and stored over it."""
+        stored = self._instance.run_storage.get_cursor_values({PLAN_KEY}).get(PLAN_KEY)
+        if stored is None or stored in (self._written, self._unreadable):
+            return
+        try:
+            read_plan(stored)
+        except PlanUnreadable as exc:
+            self._unreadable = stored
+            self._stored_plan = None
+            logger.warning(
+                "placement: the stored plan %s is unreadable, re-planning: %s", PLAN_KEY, exc
+            )
+            if self._follower is not None:
+                self._follower.replan(f"the stored plan was unreadable: {exc}")
 
     def _read_farm(self, graph: BakeGraph, fleet: Fleet, now: float) -> _Farm:
         """Runs in flight, sorted into waiting builds and builds holding a machine."""
@@ -360,6 +390,12 @@ class Placer:
                 self._tag_waiting(run, f"the same build is in run {other[:8]}; this one waits")
                 continue
             farm.waiting[build] = _Waiting(run, build, in_process)
+        # A machine an ended run still holds: its bake is ending there (the drain frees it).
+        for builder, (run_id, ended) in self._drain.draining().items():
+            node = by_builder.get(builder)
+            name = node.name if node is not None else f"builder:{builder}"
+            end = max(ended + _ENDING_BAKE_S, now + 1.0)
+            farm.running[Build(f"run:{run_id}")] = (name, ended, end)
         # A build both running and waiting: the waiting request runs after it.
         for build in [b for b in farm.waiting if b in farm.running]:
             run = farm.waiting.pop(build).run
@@ -433,10 +469,12 @@ class Placer:
                     waiting.run, f"waits for {dep} to be rebuilt: {reason} ({command})"
                 )
                 continue
-            message = (
-                f"input {dep} is not published: {reason} and nothing rebuilt it within "
-                f"{duration(self.settings.input_wait_seconds)}; build it with: {command}"
+            waited = (
+                f" and nothing rebuilt it within {duration(self.settings.input_wait_seconds)}"
+                if self.settings.input_wait_seconds > 0
+                else ""
             )
+            message = f"input {dep} is not published: {reason}{waited}; build it with: {command}"
             self._contain(waiting.run, self._refuse, waiting, message)
         # What waits on a held build waits too: a held build is not published either.
         grew = True
@@ -539,19 +577,3 @@ class Placer:
 
     def event(self, run: dg.DagsterRun, message: str) -> None:
         self._instance.report_engine_event(message, run)
-
-
-def plan_json(view: PlanView) -> dict[str, Any]:
-    """The followed plan as `rocm-assets watch` reads it (PLAN_KEY)."""
-    return {
-        "strategy": view.strategy,
-        "generation": view.generation,
-        "made_at": view.made_s,
-        "expected_finish": view.makespan_s,
-        "reason": view.reason,
-        "solver": view.solver,
-        "queues": {
-            node: [[str(p.build), p.est_start_s, p.est_finish_s] for p in planned]
-            for node, planned in view.queues.items()
-        },
-    }

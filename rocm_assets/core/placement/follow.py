@@ -137,6 +137,7 @@ class PlanFollower:
         self._last_running: dict[Build, Running] = {}
         # What the last idle-node check saw: it runs again only when this changes.
         self._fill_seen: tuple[int, frozenset[Build], frozenset[Build]] | None = None
+        self._forced: str | None = None  # why the next tick re-plans (`replan`)
 
     # ---- the tick ----
     def tick(self, state: FarmState) -> Decision:
@@ -205,6 +206,10 @@ class PlanFollower:
         ]
         return min(times, default=None)
 
+    def replan(self, why: str) -> None:
+        """Make the next tick re-plan from scratch, with `why` as the plan's reason."""
+        self._forced = why
+
     def _note(self, message: str) -> None:
         if message not in self._said:
             self._said.add(message)
@@ -213,6 +218,9 @@ class PlanFollower:
     # ---- drift ----
     def _drift(self, s: FarmState) -> str | None:
         """Why the plan no longer holds, or None: checks only what changed."""
+        if self._forced is not None:
+            why, self._forced = self._forced, None
+            return why
         if not self._has_plan:
             return "first plan"
         now, pending, running = s.now_s, s.pending, s.running

@@ -118,7 +118,7 @@ def run_logged_bake(
     only its steps, a progress line every `progress_s` and a summary in the run's events."""
     output = BakeLog(sys.stdout, log.info, progress_s=progress_s)
     try:
-        return run_bake(inv, on_output=output)
+        return run_bake(inv, on_output=output, on_retry=log.warning)
     finally:
         output.close()
 
