@@ -198,7 +198,7 @@ def validate_schedule(
         errors.append(f"makespan {schedule.makespan_s:.3f}s is not the last end {last:.3f}s")
     if factors:
         return errors
-    bound = problem.bounds.best
+    bound = lower_bounds(problem).best
     if schedule.makespan_s < bound - tol(bound):
         errors.append(f"makespan {schedule.makespan_s:.3f}s is below the lower bound {bound:.3f}s")
     if schedule.lower_bound_s > schedule.makespan_s + tol(schedule.makespan_s):
