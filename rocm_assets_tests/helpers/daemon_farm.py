@@ -13,6 +13,7 @@ stopped by its process group when the test ends.
 """
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -49,6 +50,8 @@ BUILD_PREFIX = "rocm-pytorch-build/"
 _START_GUARD_S = 180.0
 _STOP_TIMEOUT_S = 30.0
 _LOG_TAIL_LINES = 15
+# The coordinator's engine event on a run it placed (rocm_assets.instance.placer).
+_PLACED = re.compile(r"placed \S+ on (\S+) \(builder ")
 _TERMINATE = """
 mutation Terminate($runId: String!) {
   terminateRun(runId: $runId) {
@@ -355,6 +358,15 @@ def records_by_name(
         for record in farm.builders.history(builder, BUILD_PREFIX):
             found.setdefault(record.name, []).append((builder, record))
     return found
+
+
+def placement(instance: dg.DagsterInstance, run_id: str) -> tuple[float, str] | None:
+    """When (epoch s) and on which node the coordinator placed the run: its engine event."""
+    for entry in instance.all_logs(run_id, of_type=dg.DagsterEventType.ENGINE_EVENT):
+        placed = _PLACED.match(entry.message or "")
+        if placed:
+            return entry.timestamp, placed.group(1)
+    return None
 
 
 def assert_each_success_baked_once(
