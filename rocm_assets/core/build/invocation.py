@@ -353,12 +353,14 @@ def run_bake(
     on_output: Callable[[list[str]], None],
     flush_s: float = 1.0,
     tail_lines: int = 40,
+    stop_when: Callable[[], str | None] | None = None,
 ) -> BuildResult:
     """Run the bake, streaming its output in batches as it arrives; raise BuildError on failure.
 
     Batching keeps a 100k-line PyTorch log from becoming 100k run-log events. Any exception in
     this thread (a cancelled run raises one) terminates bake's process group before re-raising,
-    so no orphan build keeps the node busy.
+    so no orphan build keeps the node busy. `stop_when` is asked every `flush_s`: a reason (the
+    node stopped answering its probes) stops bake and fails the build with it.
     """
     docker = inv.argv[0]
     if shutil.which(docker, path=inv.env.get("PATH")) is None:
@@ -419,6 +421,9 @@ def run_bake(
             if batch and (done or time.monotonic() - last_flush >= flush_s or len(batch) >= 200):
                 on_output(batch)
                 batch, last_flush = [], time.monotonic()
+            reason = None if done or stop_when is None else stop_when()
+            if reason:
+                raise BuildError(f"{reason}: bake was stopped", log_tail=tuple(tail))
         rc = proc.wait()
     except BaseException:
         _terminate(proc)

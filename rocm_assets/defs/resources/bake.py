@@ -1,5 +1,6 @@
 """The build resource: holds the run's builder (waiting in line if it must), then bakes there."""
 
+import contextlib
 import os
 import tempfile
 import threading
@@ -38,6 +39,7 @@ from rocm_assets.core.common.constants import (
 from rocm_assets.core.common.settings import bake_file_path
 from rocm_assets.core.nodes.fleet import Fleet, FleetError, Node, fleet_path, load_fleet
 from rocm_assets.core.nodes.probes import probe_node
+from rocm_assets.core.nodes.watch import EVERY_S, UNREACHABLE_S, LinkWatch
 from rocm_assets.defs.registry_checks import latest_built_digest, preflight_run
 from rocm_assets.defs.resources.registry import RegistryResource
 
@@ -118,6 +120,10 @@ class BakeResource(dg.ConfigurableResource):
     progress: str = "plain"
     # How often an unplaced in-process run looks again for a free node.
     node_poll_s: float = 10.0
+    # A node with an ssh address is probed this often while it builds; after this long without
+    # an answer its bake is stopped and the build failed (a cut link, a dead node).
+    link_check_s: float = EVERY_S
+    unreachable_s: float = UNREACHABLE_S
 
     def graph(self) -> BakeGraph:
         try:
@@ -374,8 +380,19 @@ class BakeResource(dg.ConfigurableResource):
                 scratch=Path(tmp),
             )
             context.log.info("baking %s for %s on %s: %s", target, arch, node.name, inv.command())
+            # A node reached over SSH is probed while it builds: a cut link ends the bake.
+            watch = (
+                LinkWatch(node, every_s=self.link_check_s, unreachable_s=self.unreachable_s)
+                if node.ssh
+                else None
+            )
             try:
-                result = run_bake(inv, on_output=lambda lines: context.log.info("\n".join(lines)))
+                with watch or contextlib.nullcontext():
+                    result = run_bake(
+                        inv,
+                        on_output=lambda lines: context.log.info("\n".join(lines)),
+                        stop_when=watch.verdict if watch else None,
+                    )
             except BuildError as exc:
                 metadata = {"command": dg.MetadataValue.text(inv.command()), "node": node.name}
                 if exc.log_tail:
