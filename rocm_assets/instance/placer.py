@@ -212,6 +212,13 @@ class Placer:
         held_back = self._hold_for_unpublished(farm, deps, failed, graph, now)
         pending = {b: deps[b] for b in farm.waiting if b not in held_back}
         nodes = [n for n in fleet.nodes if n.name not in excluded]
+        if not nodes and excluded:
+            down = "; ".join(f"{n}: {why}" for n, why in sorted(excluded.items()))
+            for build in pending:
+                self._tag_waiting(
+                    farm.waiting[build].run, f"no build node answers its probe ({down})"
+                )
+            return None
         if self.settings.strategy == COORDINATOR_STRATEGY:
             decision = self._follow(farm, pending, nodes, cost, built_on, failed, held_back, now)
         else:

@@ -18,6 +18,7 @@ import signal
 import subprocess
 import sys
 import time
+import uuid
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -42,6 +43,7 @@ from rocm_assets.core.common.constants import ROCM_BUILD_TAG, ROCM_BUILDER_TAG, 
 from rocm_assets.instance import claims
 from rocm_assets_tests.helpers import PROJECT_ROOT, free_port, wait_until, write_fleet
 from rocm_assets_tests.servers.dockerd import Builders
+from rocm_assets_tests.servers.netns import HostRegistry
 from rocm_assets_tests.servers.registry import RegistryServer
 
 LOCATION = "rocm_assets"
@@ -109,7 +111,7 @@ class DaemonFarm:
 
     def set_nodes(self, nodes: Mapping[str, str]) -> None:
         """Rewrite fleet.yaml with `nodes` (name -> builder), as an operator edits it."""
-        _write_fleet(self.fleet_file, nodes)
+        _write_fleet(self.fleet_file, nodes, {})
 
 
 def stop(process: subprocess.Popen[bytes], sig: int = signal.SIGTERM) -> None:
@@ -126,10 +128,13 @@ def stop(process: subprocess.Popen[bytes], sig: int = signal.SIGTERM) -> None:
         process.wait()
 
 
-def _write_fleet(path: Path, nodes: Mapping[str, str]) -> None:
+def _write_fleet(path: Path, nodes: Mapping[str, str], ssh: Mapping[str, str]) -> None:
     write_fleet(
         path,
-        [{"name": name, "builder": builder} for name, builder in nodes.items()],
+        [
+            {"name": name, "builder": builder, **({"ssh": ssh[name]} if name in ssh else {})}
+            for name, builder in nodes.items()
+        ],
         {"reference": {"cores": 8, "mem_gb": 16}},
         cores=8,
         mem_gb=16,
@@ -140,20 +145,22 @@ def _write_fleet(path: Path, nodes: Mapping[str, str]) -> None:
 def make_daemon_farm(
     root: Path,
     builders: Builders,
-    registry: RegistryServer,
+    registry: RegistryServer | HostRegistry,
     bake_file: Path,
     nodes: Mapping[str, str],
     *,
+    ssh: Mapping[str, str] | None = None,
     storage: Mapping[str, Any] | None = None,
     coordinator: Mapping[str, Any] | None = None,
     **env: str,
 ) -> DaemonFarm:
-    """A farm of unprobed nodes (name -> builder) of equal figures, a Dagster home, a workspace
-    pointing at a code server on a free port, and a registry prefix of its own; `coordinator`
-    adds to the coordinator's config, `env` to the processes' environment (HOLD_S, ...)."""
+    """A farm of nodes (name -> builder) of equal figures, probed over `ssh` (name -> address)
+    where given, a Dagster home, a workspace pointing at a code server on a free port, and a
+    registry prefix of its own; `coordinator` adds to the coordinator's config, `env` to the
+    processes' environment (HOLD_S, ...)."""
     root.mkdir(parents=True, exist_ok=True)
     fleet_file = root / "fleet.yaml"
-    _write_fleet(fleet_file, nodes)
+    _write_fleet(fleet_file, nodes, ssh or {})
     home = root / "home"
     home.mkdir()
     config: dict[str, Any] = {
@@ -205,14 +212,20 @@ def make_daemon_farm(
         ROCM_BAKE_FILE=str(bake_file),
         ROCM_FLEET_FILE=str(fleet_file),
         ROCM_REGISTRY_URL=registry.url,
-        REGISTRY=f"{registry.host}/{registry.new_repo('faults')}",
+        REGISTRY=f"{registry.host}/{_repo(registry)}",
         # Only the test's own requests build: the rebuild automation would add the rest.
         ROCM_AUTOMATION="off",
-        **env,
     )
+    farm_env.update(env)
     logs = root / "logs"
     logs.mkdir()
     return DaemonFarm(root, farm_env, home, workspace, fleet_file, bake_file, builders, logs, port)
+
+
+def _repo(registry: RegistryServer | HostRegistry) -> str:
+    if isinstance(registry, RegistryServer):
+        return registry.new_repo("faults")
+    return f"faults-{uuid.uuid4().hex[:8]}"
 
 
 @contextmanager
