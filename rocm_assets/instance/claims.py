@@ -159,8 +159,10 @@ def _release(storage: SqlEventLogStorage, run_id: str, pool: str | None = None) 
 
 
 def release_run(instance: dg.DagsterInstance, run_id: str) -> int:
-    """Free every builder `run_id` holds; the number freed."""
-    return _release(_storage(instance), run_id)
+    """Free every builder `run_id` holds, and end its lease; the number freed."""
+    freed = _release(_storage(instance), run_id)
+    end_lease(instance, run_id)
+    return freed
 
 
 def release_finished(instance: dg.DagsterInstance) -> list[tuple[str, str]]:
@@ -178,6 +180,7 @@ def release_finished(instance: dg.DagsterInstance) -> list[tuple[str, str]]:
             continue
         # Conditional on the run id: a claim taken since `claims` read is left alone.
         if _release(storage, run_id, builder_pool(builder)):
+            end_lease(instance, run_id)
             freed.append((builder, run_id))
     return freed
 
@@ -190,6 +193,12 @@ LEASE_KEY_PREFIX = "rocm/lease/"
 
 def renew_lease(instance: dg.DagsterInstance, run_id: str, now: float) -> None:
     instance.run_storage.set_cursor_values({f"{LEASE_KEY_PREFIX}{run_id}": repr(now)})
+
+
+def end_lease(instance: dg.DagsterInstance, run_id: str) -> None:
+    """The run holds nothing any more: its lease is blanked (the store has no delete), which
+    `leases` reads as none."""
+    instance.run_storage.set_cursor_values({f"{LEASE_KEY_PREFIX}{run_id}": ""})
 
 
 def leases(instance: dg.DagsterInstance, run_ids: Iterable[str]) -> dict[str, float]:

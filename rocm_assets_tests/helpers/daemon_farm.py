@@ -396,10 +396,11 @@ def assert_each_success_baked_once(
 
 
 def assert_nothing_held(instance: dg.DagsterInstance) -> None:
-    """No builder claim left, and no lease of a run still in flight."""
+    """Every run ended, and none holds a builder claim or a lease."""
+    runs = instance.get_runs()
+    assert [r.run_id for r in runs if not r.is_finished] == []
     assert claims.claims(instance) == {}
-    in_flight = [r.run_id for r in instance.get_runs() if not r.is_finished]
-    assert in_flight == []
+    assert claims.leases(instance, [r.run_id for r in runs]) == {}
 
 
 def wait_for_runs(
