@@ -545,6 +545,34 @@ def test_an_exception_in_the_caller_cancels_the_build_on_its_node(
     )
 
 
+def test_a_stop_reason_stops_the_bake_and_fails_the_build_with_it(
+    builders: Builders, registry_server: RegistryServer, tmp_path: Path
+) -> None:
+    # What the link watch of a node says once the node stops answering its probes.
+    reason = "node node-a unreachable for 46 s (ssh timeout after 5 s)"
+    run_id = unique("stopped")
+    inv = invocation(tmp_path, farm_env(builders, registry_server, HOLD_S="60"), run_id=run_id)
+    started: list[bool] = []
+
+    def stop_when() -> str | None:
+        return reason if started else None
+
+    def on_output(batch: list[str]) -> None:
+        if any("sleep" in line for line in batch):
+            started.append(True)
+
+    with pytest.raises(BuildError) as raised:
+        run_bake(inv, on_output=on_output, flush_s=0.05, stop_when=stop_when)
+    assert str(raised.value) == f"{reason}: bake was stopped"
+    assert any("sleep" in line for line in raised.value.log_tail)
+    assert bake_processes(inv.name) == []
+    wait_until(
+        lambda: builders.status(E2E_BUILDER, inv.name) == "canceled",
+        f"the builder to record {inv.name} as cancelled",
+        timeout_s=HANG_GUARD_S,
+    )
+
+
 # A run worker in miniature: it bakes through run_bake until it is killed.
 _WORKER = """
 import json, os, sys

@@ -37,8 +37,10 @@ from rocm_assets.instance.claims import (
     claims,
     ensure_builder_pools,
     holder,
+    leases,
     release_claim,
     release_run,
+    renew_lease,
 )
 from rocm_assets.instance.drain import BakeDrain
 from rocm_assets_tests.claim_workers import claim_rounds, lockstep_claim
@@ -231,9 +233,12 @@ def test_release_run(instance: dg.DagsterInstance) -> None:
     assert storage.claim_concurrency_slot("op-pool", "run-1", "compile").is_claimed
     for builder, run in (("a", "run-1"), ("b", "run-1"), ("c", "run-2")):
         assert claim_builder(instance, builder, run)
+        renew_lease(instance, run, 1000.0)
 
     assert release_run(instance, "run-1") == 2
     assert claims(instance) == {"c": "run-2"}
+    # Its lease ends with its claims; the other run's stands.
+    assert leases(instance, ["run-1", "run-2"]) == {"run-2": 1000.0}
     assert release_run(instance, "run-1") == 0
     for builder in ("a", "b"):
         assert storage.get_concurrency_info(builder_pool(builder)).pending_steps == []
@@ -265,12 +270,16 @@ def test_the_daemon_frees_the_claims_of_runs_that_never_baked(instance: dg.Dagst
     ensure_builder_pools(instance, run_ids)
     for builder, run_id in run_ids.items():
         assert claim_builder(instance, builder, run_id)
+        renew_lease(instance, run_id, 1000.0)
 
     drain = BakeDrain(instance, wait_s=3600)
     drain.sweep(time.time())
 
     assert claims(instance) == {b: run_ids[b] for b in ("running", "starting", "queued")}
     assert drain.draining() == {}
+    assert leases(instance, run_ids.values()) == {
+        run_ids[b]: 1000.0 for b in ("running", "starting", "queued")
+    }
     assert not release_claim(instance, "done", run_ids["done"])
     assert not release_claim(instance, "running", run_ids["queued"])
     assert release_claim(instance, "running", run_ids["running"])

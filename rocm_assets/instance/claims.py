@@ -159,13 +159,19 @@ def _release(storage: SqlEventLogStorage, run_id: str, pool: str | None = None) 
 
 
 def release_run(instance: dg.DagsterInstance, run_id: str) -> int:
-    """Free every builder `run_id` holds; the number freed."""
-    return _release(_storage(instance), run_id)
+    """Free every builder `run_id` holds, and end its lease; the number freed."""
+    freed = _release(_storage(instance), run_id)
+    end_lease(instance, run_id)
+    return freed
 
 
 def release_claim(instance: dg.DagsterInstance, builder: str, run_id: str) -> bool:
-    """Free `builder` if `run_id` holds it; whether it did (a claim taken since is left alone)."""
-    return _release(_storage(instance), run_id, builder_pool(builder)) > 0
+    """Free `builder` if `run_id` holds it, and end the run's lease; whether it did (a claim
+    taken since is left alone)."""
+    if _release(_storage(instance), run_id, builder_pool(builder)) > 0:
+        end_lease(instance, run_id)
+        return True
+    return False
 
 
 def keep_from_dagster(instance: dg.DagsterInstance, run_id: str) -> None:
@@ -190,6 +196,12 @@ LEASE_KEY_PREFIX = "rocm/lease/"
 
 def renew_lease(instance: dg.DagsterInstance, run_id: str, now: float) -> None:
     instance.run_storage.set_cursor_values({f"{LEASE_KEY_PREFIX}{run_id}": repr(now)})
+
+
+def end_lease(instance: dg.DagsterInstance, run_id: str) -> None:
+    """The run holds nothing any more: its lease is blanked (the store has no delete), which
+    `leases` reads as none."""
+    instance.run_storage.set_cursor_values({f"{LEASE_KEY_PREFIX}{run_id}": ""})
 
 
 def leases(instance: dg.DagsterInstance, run_ids: Iterable[str]) -> dict[str, float]:

@@ -62,6 +62,9 @@ _ENDING_BAKE_S = GRACE_S + 10.0
 
 # A waiting run's estimated start is rewritten only when it moved by more than this.
 _EST_TAG_SLACK_S = 60.0
+# A tick tags a run placed right after claiming its builder; a claim left untagged this long
+# was made by a tick that died.
+_UNTAGGED_CLAIM_GRACE_S = 30.0
 
 
 @dataclass(frozen=True)
@@ -221,6 +224,13 @@ class Placer:
         held_back = self._hold_for_unpublished(farm, deps, failed, graph, now)
         pending = {b: deps[b] for b in farm.waiting if b not in held_back}
         nodes = [n for n in fleet.nodes if n.name not in excluded]
+        if not nodes and excluded:
+            down = "; ".join(f"{n}: {why}" for n, why in sorted(excluded.items()))
+            for build in pending:
+                self._tag_waiting(
+                    farm.waiting[build].run, f"no build node answers its probe ({down})"
+                )
+            return None
         if self.settings.strategy == COORDINATOR_STRATEGY:
             decision = self._follow(farm, pending, nodes, cost, built_on, failed, held_back, now)
         else:
@@ -335,12 +345,14 @@ class Placer:
         holder_of = {run_id: builder for builder, run_id in held.items()}
         by_builder = {n.builder: n for n in fleet.nodes}
         records = self._instance.get_run_records(dg.RunsFilter(statuses=list(IN_FLIGHT_STATUSES)))
-        started = [
+        # Started runs renew their lease; a queued one has one from the tick that claimed for it.
+        leased = [
             r.dagster_run.run_id
             for r in records
             if r.dagster_run.status == dg.DagsterRunStatus.STARTED
+            or r.dagster_run.run_id in holder_of
         ]
-        lease = claims.leases(self._instance, started)
+        lease = claims.leases(self._instance, leased)
         seen: dict[Build, str] = {}
         fleet_cost = placement.CostModel(fleet)
         for record in records:
@@ -348,6 +360,11 @@ class Placer:
             if run.status != dg.DagsterRunStatus.QUEUED:
                 farm.in_progress += 1
             builder = holder_of.get(run.run_id)
+            if builder is not None and self._claimed_by_a_dead_tick(
+                run, lease.get(run.run_id), now
+            ):
+                self._undo_claim(run, builder)
+                builder = None
             alive = self._alive(record, lease.get(run.run_id), now)
             if builder is not None and not alive:
                 self._expire(run, builder)
@@ -415,6 +432,24 @@ class Placer:
             return True  # queued runs wait; run monitoring watches starting ones
         last = max(lease or 0.0, record.start_time or record.create_timestamp.timestamp())
         return now - last <= self.settings.lease_seconds
+
+    def _claimed_by_a_dead_tick(self, run: dg.DagsterRun, lease: float | None, now: float) -> bool:
+        """A queued run holds a builder it was never tagged placed on: the tick that claimed it
+        died (the daemon was killed) between the claim and the tags. A live tick tags at once."""
+        return (
+            run.status == dg.DagsterRunStatus.QUEUED
+            and run.tags.get(ROCM_PLACEMENT_TAG) != PLACEMENT_PLACED
+            and now - (lease or 0.0) > _UNTAGGED_CLAIM_GRACE_S
+        )
+
+    def _undo_claim(self, run: dg.DagsterRun, builder: str) -> None:
+        claims.release_run(self._instance, run.run_id)
+        message = (
+            f"builder {builder} was claimed for this run by a placement that never finished "
+            "(the daemon died): the claim is undone and the run placed afresh"
+        )
+        logger.warning("run %s: %s", run.run_id, message)
+        self.event(run, message)
 
     def _expire(self, run: dg.DagsterRun, builder: str) -> None:
         claims.release_run(self._instance, run.run_id)

@@ -397,6 +397,7 @@ def run_bake(
     flush_s: float = 1.0,
     tail_lines: int = 40,
     retry_s: float = REGISTRY_RETRY_S,
+    stop_when: Callable[[], str | None] | None = None,
 ) -> BuildResult:
     """Run the bake, streaming its output in batches as it arrives; raise BuildError on failure.
 
@@ -410,6 +411,9 @@ def run_bake(
     BuildKit's cache the steps already built are not built again, only what is left is pushed.
     So a registry outage shorter than REGISTRY_OUTAGE_BOUND_S loses no build. Each retry is
     said in one line to `on_retry` (default: the output sink).
+
+    `stop_when` is asked every `flush_s`: a reason (the node stopped answering its probes)
+    stops bake and fails the build with it.
     """
     docker = inv.argv[0]
     if shutil.which(docker, path=inv.env.get("PATH")) is None:
@@ -422,7 +426,7 @@ def run_bake(
     # A retried build took all its attempts: the build's own times say when it began.
     started = time.time()
     while True:
-        rc, head, tail = _bake_once(inv, on_output, flush_s, tail_lines)
+        rc, head, tail = _bake_once(inv, on_output, flush_s, tail_lines, stop_when)
         finished = time.time()
         if rc == 0:
             ref, digest, names = parse_metadata(inv.metadata_file, inv.target)
@@ -475,6 +479,7 @@ def _bake_once(
     on_output: Callable[[list[str]], None],
     flush_s: float,
     tail_lines: int,
+    stop_when: Callable[[], str | None] | None,
 ) -> tuple[int, tuple[str, ...], tuple[str, ...]]:
     """One bake, its output streamed: (exit status, its first lines, its last lines)."""
     inv.metadata_file.unlink(missing_ok=True)
@@ -530,6 +535,9 @@ def _bake_once(
             if batch and (done or time.monotonic() - last_flush >= flush_s or len(batch) >= 200):
                 on_output(batch)
                 batch, last_flush = [], time.monotonic()
+            reason = None if done or stop_when is None else stop_when()
+            if reason:
+                raise BuildError(f"{reason}: bake was stopped", log_tail=tuple(tail))
         rc = proc.wait()
     except BaseException:
         _terminate(proc)

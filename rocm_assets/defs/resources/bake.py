@@ -1,11 +1,12 @@
 """The build resource: holds the run's builder (waiting in line if it must), then bakes there."""
 
+import contextlib
 import os
 import sys
 import tempfile
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
@@ -40,6 +41,7 @@ from rocm_assets.core.common.constants import (
 from rocm_assets.core.common.settings import bake_file_path
 from rocm_assets.core.nodes.fleet import Fleet, FleetError, Node, fleet_path, load_fleet
 from rocm_assets.core.nodes.probes import probe_node
+from rocm_assets.core.nodes.watch import EVERY_S, UNREACHABLE_S, LinkWatch
 from rocm_assets.defs.registry_checks import latest_built_digest, preflight_run
 from rocm_assets.defs.resources.registry import RegistryResource
 
@@ -112,13 +114,16 @@ def md_block(lines: tuple[str, ...] | list[str]) -> dg.MetadataValue:
 
 
 def run_logged_bake(
-    inv: BakeInvocation, log: dg.DagsterLogManager, progress_s: float = PROGRESS_S
+    inv: BakeInvocation,
+    log: dg.DagsterLogManager,
+    progress_s: float = PROGRESS_S,
+    stop_when: Callable[[], str | None] | None = None,
 ) -> BuildResult:
     """`run_bake` with its output on stdout, which Dagster keeps as the step's compute log, and
     only its steps, a progress line every `progress_s` and a summary in the run's events."""
     output = BakeLog(sys.stdout, log.info, progress_s=progress_s)
     try:
-        return run_bake(inv, on_output=output, on_retry=log.warning)
+        return run_bake(inv, on_output=output, on_retry=log.warning, stop_when=stop_when)
     finally:
         output.close()
 
@@ -135,6 +140,10 @@ class BakeResource(dg.ConfigurableResource):
     output_progress_s: float = PROGRESS_S
     # How often an unplaced in-process run looks again for a free node.
     node_poll_s: float = 10.0
+    # A node with an ssh address is probed this often while it builds; after this long without
+    # an answer its bake is stopped and the build failed (a cut link, a dead node).
+    link_check_s: float = EVERY_S
+    unreachable_s: float = UNREACHABLE_S
 
     def graph(self) -> BakeGraph:
         try:
@@ -391,8 +400,20 @@ class BakeResource(dg.ConfigurableResource):
                 scratch=Path(tmp),
             )
             context.log.info("baking %s for %s on %s: %s", target, arch, node.name, inv.command())
+            # A node reached over SSH is probed while it builds: a cut link ends the bake.
+            watch = (
+                LinkWatch(node, every_s=self.link_check_s, unreachable_s=self.unreachable_s)
+                if node.ssh
+                else None
+            )
             try:
-                result = run_logged_bake(inv, context.log, self.output_progress_s)
+                with watch or contextlib.nullcontext():
+                    result = run_logged_bake(
+                        inv,
+                        context.log,
+                        self.output_progress_s,
+                        stop_when=watch.verdict if watch else None,
+                    )
             except BuildError as exc:
                 metadata = {"command": dg.MetadataValue.text(inv.command()), "node": node.name}
                 if exc.log_tail:
