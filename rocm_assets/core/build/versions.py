@@ -24,6 +24,7 @@ import dockerfile as dockerfile_parser
 
 from rocm_assets.core.bake import BakeGraph
 from rocm_assets.core.bake.targets import IMAGE_PREFIX, TARGET_PREFIX, Target
+from rocm_assets.core.build.recipes import dockerfile_path
 from rocm_assets.core.common.constants import (
     ARCH_VAR,
     BUILD_NAME_ARG,
@@ -31,7 +32,6 @@ from rocm_assets.core.common.constants import (
     RUN_ID_VAR,
     SCCACHE_LOG_VAR,
 )
-from rocm_assets.core.build.recipes import dockerfile_path
 
 if TYPE_CHECKING:
     from docker.utils.build import PatternMatcher
