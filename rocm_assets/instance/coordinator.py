@@ -53,7 +53,8 @@ from rocm_assets.instance.dagster_internals import (
     called_by_run_queue_daemon,
     subset_run,
 )
-from rocm_assets.instance.placer import FarmFiles, Placer, PlacerSettings
+from rocm_assets.instance.farm_files import FarmFiles
+from rocm_assets.instance.placer import Placer, PlacerSettings
 from rocm_assets.instance.runs import IN_FLIGHT_STATUSES, builds_of_run
 
 logger = logging.getLogger("rocm_assets.instance")

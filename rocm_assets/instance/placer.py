@@ -17,13 +17,12 @@ import logging
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import dagster as dg
 
 from rocm_assets.core import placement
-from rocm_assets.core.bake import BakeError, BakeGraph, load_graph
+from rocm_assets.core.bake import BakeError, BakeGraph
 from rocm_assets.core.build.builds import Build, build_deps
 from rocm_assets.core.build.guard import GRACE_S
 from rocm_assets.core.common.constants import (
@@ -39,9 +38,8 @@ from rocm_assets.core.common.constants import (
     ROCM_REFUSED_TAG,
     ROCM_WAITING_FOR_TAG,
 )
-from rocm_assets.core.common.settings import bake_file_path
 from rocm_assets.core.common.timefmt import duration, from_iso, to_iso
-from rocm_assets.core.nodes.fleet import Fleet, FleetError, fleet_path, load_fleet
+from rocm_assets.core.nodes.fleet import Fleet, FleetError
 from rocm_assets.core.nodes.probes import ProbeCache
 from rocm_assets.core.placement.farm import FarmState, FollowSettings, PlanView, Running
 from rocm_assets.core.placement.follow import COORDINATOR_STRATEGY, PlanFollower
@@ -49,6 +47,7 @@ from rocm_assets.core.placement.runners import ThreadSolver
 from rocm_assets.core.registry.preflight import materialize_command
 from rocm_assets.instance import claims
 from rocm_assets.instance.drain import BakeDrain
+from rocm_assets.instance.farm_files import FarmFiles
 from rocm_assets.instance.history import finished_builds, measured_durations
 from rocm_assets.instance.runs import IN_FLIGHT_STATUSES, builds_of_run
 from rocm_assets.instance.stored_plan import PLAN_KEY, PlanUnreadable, plan_json, read_plan
@@ -84,35 +83,6 @@ class PlacerSettings:
     # The longest a run that ended holding its builder keeps it while BuildKit still shows its
     # bake running there (or cannot be read).
     bake_end_wait_seconds: float = 60.0
-
-
-@dataclass
-class FarmFiles:
-    """The bake and fleet files, re-read when their mtime changes."""
-
-    bake_file: str | None
-    fleet_file: str | None
-    cache: dict[str, tuple[float, Any]] = field(default_factory=dict)
-
-    def _load(self, path: Path, loader: Any) -> Any:
-        mtime = path.stat().st_mtime if path.exists() else -1.0
-        cached = self.cache.get(str(path))
-        if cached is None or cached[0] != mtime:
-            try:
-                cached = (mtime, loader(path))
-            except (BakeError, FleetError) as exc:
-                # A bad file stays bad until it is saved again: not re-parsed every tick.
-                cached = (mtime, exc)
-            self.cache[str(path)] = cached
-        if isinstance(cached[1], BakeError | FleetError):
-            raise cached[1].with_traceback(None)  # a fresh traceback each tick, none kept
-        return cached[1]
-
-    def graph(self) -> BakeGraph:
-        return self._load(bake_file_path(self.bake_file), load_graph)
-
-    def fleet(self) -> Fleet:
-        return self._load(fleet_path(self.fleet_file), load_fleet)
 
 
 @dataclass

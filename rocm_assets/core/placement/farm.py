@@ -42,6 +42,21 @@ class FarmState:
     busy: Mapping[str, float] = field(default_factory=dict)
     unpublished: Mapping[Build, str] = field(default_factory=dict)
 
+    def ready(self, b: Build) -> bool:
+        """Every input of pending build `b` is published."""
+        return not any(
+            d in self.pending or d in self.running or d in self.unpublished
+            for d in self.pending.get(b, ())
+        )
+
+
+class Slot(NamedTuple):
+    """Where and when the plan has a build."""
+
+    node: str
+    start_s: float
+    end_s: float
+
 
 @dataclass(frozen=True)
 class FollowSettings:

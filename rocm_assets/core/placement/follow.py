@@ -33,7 +33,6 @@ Times are on the caller's clock (`now_s`, absolute seconds); a plan's times are 
 
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
-from typing import NamedTuple
 
 from rocm_assets.core.build.builds import Build
 from rocm_assets.core.placement.cost import PlacementError
@@ -43,6 +42,7 @@ from rocm_assets.core.placement.farm import (
     PlannedBuild,
     PlanView,
     Running,
+    Slot,
     solver_budget_s,
 )
 from rocm_assets.core.placement.fill import best_move
@@ -67,12 +67,6 @@ from rocm_assets.core.placement.solver import SOLVER_STRATEGY, ortools_missing
 # `rocm-assets plan --strategy` and the bench's tables alike.
 COORDINATOR_STRATEGY = "coordinator"
 MIN_REMAINING_S = 1.0
-
-
-class _Slot(NamedTuple):
-    node: str
-    start_s: float
-    end_s: float
 
 
 class PlanFollower:
@@ -119,7 +113,7 @@ class PlanFollower:
         self._moved = False
         # The plan came from the solver or the solver found nothing shorter.
         self._solved = False
-        self._slots: dict[Build, _Slot] = {}
+        self._slots: dict[Build, Slot] = {}
         self._prev: dict[Build, Build] = {}
         self._queues: dict[str, deque[Build]] = {}
         self._queued: set[Build] = set()
@@ -417,7 +411,7 @@ class PlanFollower:
                 if queue:
                     self._prev[b] = queue[-1]
                 queue.append(b)
-                self._slots[b] = _Slot(node, origin + run.start[i], origin + run.end[i])
+                self._slots[b] = Slot(node, origin + run.start[i], origin + run.end[i])
         self._queued = set(self._slots)
         self._makespan_s = max([origin + run.makespan, *self._assumed_end.values()])
 
@@ -466,7 +460,7 @@ class PlanFollower:
             return
         result = outcome.result
         self._proven_s = self._solve_origin + result.proven_bound_s
-        solved = {a.build: _Slot(a.node, a.start_s, a.end_s) for a in result.schedule.assignments}
+        solved = {a.build: Slot(a.node, a.start_s, a.end_s) for a in result.schedule.assignments}
         if not self._moved and self._ix is not None:
             # Nothing started since the plan was made: both plans start from its origin.
             ix, avail0, origin, current = self._ix, self._avail0, self._made_s, self._run
@@ -514,12 +508,12 @@ class PlanFollower:
             head = next(
                 (b for b in self._queues.get(node, ()) if b in pending and b not in running), None
             )
-            if head is not None and self._ready(head, s):
+            if head is not None and s.ready(head):
                 starting.add(head)
             else:
                 idle.append(node)
         ready = sorted(
-            (b for b in todo if b not in starting and self._ready(b, s)),
+            (b for b in todo if b not in starting and s.ready(b)),
             key=lambda b: (self._slots[b].start_s, build_key(b)),
         )
         if not idle or not ready:
@@ -557,7 +551,7 @@ class PlanFollower:
             if not queue or node in held or node not in self._node_names:
                 continue
             head = queue[0]
-            if head in running or not self._ready(head, s):
+            if head in running or not s.ready(head):
                 continue
             slot = self._slots[head]
             finish = now + (slot.end_s - slot.start_s)
@@ -576,11 +570,6 @@ class PlanFollower:
             waiting.pop(start.build, None)
         starts.sort(key=lambda x: (x.node, build_key(x.build)))
         return Decision(self._label or "none", tuple(starts), waiting)
-
-    def _ready(self, b: Build, s: FarmState) -> bool:
-        return not any(
-            d in s.pending or d in s.running or d in s.unpublished for d in s.pending.get(b, ())
-        )
 
     def _why(self, b: Build, s: FarmState) -> Waiting:
         blocked = self._blocked.get(b)
