@@ -399,6 +399,9 @@ def start_dagster(demo: Demo, registry_url: str) -> Service:
         ROCM_REGISTRY_URL=registry_url,
         REGISTRY=registry_url.removeprefix("http://"),
         PATH=os.pathsep.join([str(Path(sys.executable).parent), demo.env["PATH"]]),
+        # The demo's builds are its backfill's: the rebuild automation, which would request the
+        # same missing partitions, starts stopped (its toggle is under Automation in the UI).
+        ROCM_AUTOMATION="off",
     )
     argv = [sys.executable, "-m", "dagster", "dev", "-w", "workspace.yaml"]
     service = demo.start("dagster-dev", [*argv, "-h", "127.0.0.1", "-p", str(demo.port)], ROOT)

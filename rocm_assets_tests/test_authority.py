@@ -204,11 +204,12 @@ def test_a_build_waits_while_its_inputs_run_is_ending(
     if outcome == "failed":
         end(instance, ended, DagsterEventType.RUN_FAILURE)
         iterate(instance)
+        # Known failed now: the dependent fails at once, naming the input and its run.
+        assert instance.get_run_by_id(base.run_id).status == dg.DagsterRunStatus.FAILURE
         assert (
-            instance.get_run_by_id(base.run_id)
-            .tags[ROCM_WAITING_FOR_TAG]
-            .startswith("waits for rocm-runtime@gfx942 to be rebuilt: its last run ")
-        )
+            f"input rocm-runtime@gfx942 is not published: its last run {runtime.run_id[:8]} "
+            "ended FAILURE; build it with: "
+        ) in messages(instance, base.run_id)
         return
     # Its materialization is recorded: the bake pushed, and base starts before the run ends.
     instance.report_dagster_event(

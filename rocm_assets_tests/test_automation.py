@@ -197,9 +197,15 @@ def two_builders(dockerd: Dockerd, tmp_path: Path) -> Builders:
     return make_builders(tmp_path / "docker-config", dict.fromkeys(NODES, dockerd))
 
 
-def history_names(builders: Builders) -> list[str]:
-    """Every build the engine ran (both builders are that one engine, so one lists them all)."""
-    return sorted(r.name for r in builders.history(NODES[0], "rocm-pytorch-build/"))
+def history_names(builders: Builders, instance: dg.DagsterInstance) -> list[str]:
+    """Every build this instance's runs made on the engine (both builders are that one engine,
+    so one lists them all; other tests' builds on the session's engine are left out)."""
+    runs = {r.run_id for r in instance.get_runs()}
+    return sorted(
+        r.name
+        for r in builders.history(NODES[0], "rocm-pytorch-build/")
+        if r.name.rsplit("/", 1)[-1] in runs
+    )
 
 
 def test_a_pin_bump_rebuilds_exactly_its_target_and_dependents_across_arches(
@@ -219,7 +225,7 @@ def test_a_pin_bump_rebuilds_exactly_its_target_and_dependents_across_arches(
         assert set().union(*first) == EVERY_BUILD
         assert first[0] == {("runtime", a) for a in ARCHES} | {("src", None)}
         assert stale_cli(Path(instance.root_directory)) == {}
-        builds = len(history_names(two_builders))
+        builds = len(history_names(two_builders, instance))
         assert builds == len(EVERY_BUILD)
 
         # A comment and blank lines in the bake file: no code version moves, nothing is asked.
@@ -228,7 +234,7 @@ def test_a_pin_bump_rebuilds_exactly_its_target_and_dependents_across_arches(
         assert {t: d.version for t, d in definitions(load_graph(bake_file, {})).items()} == versions
         workspace.reload_code_location(LOCATION)
         assert daemons.until_rest() == []
-        assert len(history_names(two_builders)) == builds
+        assert len(history_names(two_builders, instance)) == builds
 
         # The pin bump: src's code version changes, and only src's.
         bake_file.write_text(
@@ -254,7 +260,7 @@ def test_a_pin_bump_rebuilds_exactly_its_target_and_dependents_across_arches(
         ]
         assert stale_cli(home) == {}
         # BuildKit saw exactly five more builds, none of runtime or base.
-        names = history_names(two_builders)
+        names = history_names(two_builders, instance)
         assert len(names) == builds + 5
         assert sum(n.startswith(("rocm-pytorch-build/runtime/", "rocm-pytorch-build/base/"))
                    for n in names) == 4  # fmt: skip
@@ -339,3 +345,21 @@ def test_stale_names_a_push_outside_dagster_and_needs_an_instance(tmp_path: Path
     assert rows[("base", "gfx942")]["reasons"] == ["missing", "after input runtime gfx942"]
     assert rows[("runtime", "gfx1100")]["reasons"] == ["missing"]
     assert len(rows) == len(EVERY_BUILD)
+
+
+def test_a_vllm_pin_bump_redefines_exactly_the_two_vllm_targets(tmp_path: Path) -> None:
+    # The shipped bake file, resolved by the installed buildx (bake --print), and its Dockerfiles.
+    shipped = PROJECT_ROOT / "rocm-bake.hcl"
+    base = {t: d.version for t, d in definitions(load_graph(shipped, {})).items()}
+    bumped = definitions(load_graph(shipped, {"SDE_VLLM_REF": "v0.99.0"}))
+    assert {t for t, d in bumped.items() if d.version != base[t]} == {"vllm", "vllm-wheel"}
+    # A comment and blank lines, in a copy beside a copy of the Dockerfiles: nothing moves.
+    shutil.copytree(PROJECT_ROOT / "docker", tmp_path / "docker")
+    copy = tmp_path / shipped.name
+    copy.write_text(f"# a note\n\n{shipped.read_text()}\n\n")
+    assert {t: d.version for t, d in definitions(load_graph(copy, {})).items()} == base
+    # A sixth arch: new partitions, no new code version.
+    copy.write_text(shipped.read_text().replace('"gfx1250"]', '"gfx1250", "gfx1151"]', 1))
+    wider = load_graph(copy, {})
+    assert "gfx1151" in wider.arches
+    assert {t: d.version for t, d in definitions(wider).items()} == base

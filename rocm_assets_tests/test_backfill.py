@@ -206,6 +206,8 @@ def dagster_dev(
         ROCM_FLEET_FILE=str(fleet),
         ROCM_BAKE_FILE=str(bake_file),
         ROCM_REGISTRY_URL=registry_server.url,
+        # The backfill's builds only: the rebuild automation would request the same partitions.
+        ROCM_AUTOMATION="off",
     )
     port = free_port()
     log_path = root / "dagster-dev.log"

@@ -13,6 +13,7 @@ import itertools
 import json
 import os
 import random
+import re
 import shutil
 import statistics
 from collections.abc import Iterator
@@ -22,11 +23,12 @@ from typing import Any
 import pytest
 import yaml
 
-from rocm_assets.cli.bench import overhead, results, run, scenarios, targets
+from rocm_assets.cli.bench import overhead, report, results, run, scenarios, targets
 from rocm_assets.cli.gantt import GanttError, write_gantt
 from rocm_assets.core.bake import load_graph
 from rocm_assets.core.build.builds import build_deps, builds_for
-from rocm_assets.core.placement import Build, CostModel, Problem, plan, simulate
+from rocm_assets.core.placement import Build, CostModel, Problem, best_bound, plan, simulate
+from rocm_assets.core.placement.bounds import BOUND_SOURCES
 from rocm_assets_tests.helpers import PROJECT_ROOT, free_port, rocm_assets_cli, write_fleet
 from rocm_assets_tests.helpers.placement import (
     FakeCost,
@@ -127,6 +129,10 @@ def test_run_instance_covers_every_strategy_and_the_baselines() -> None:
     assert outcome.plan_s["default"] <= outcome.plan_s["greedy"] + 1e-6
     for strategy, span in spans.items():
         assert span >= outcome.bound_s - 1e-6, strategy
+    # "x LB" divides by `plan`'s bound: here the first solve's proof, above the static bounds.
+    assert outcome.bound == best_bound(instance.problem, outcome.solver.proven_bound_s)
+    assert outcome.bound.source == "solver" and outcome.bound_s > outcome.lower_bound_s
+    assert outcome.to_json()["bound_source"] == "solver"
 
 
 def _noisy_summary(name: str, coordinator: float, solver: float, others: float) -> dict[str, Any]:
@@ -286,8 +292,12 @@ def test_bench_json_schema(quick_bench: tuple[dict[str, Any], Path, str, int]) -
         runs = s["coordinator"]["noisy_samples"]
         assert all(p["shorter"] + p["longer"] <= runs for p in paired.values()), s["name"]
         assert len(s["outcomes"]) == s["instances"]
+        assert sum(s["bound_sources"].values()) == s["instances"], s["name"]
         for o in s["outcomes"]:
             assert o["bound_s"] >= o["lower_bound_s"]
+            assert o["bound_source"] in BOUND_SOURCES
+            if o["bound_source"] != "solver":
+                assert o["bound_s"] == o["lower_bound_s"], o["name"]
             assert all(v >= o["bound_s"] - 0.1 for v in o["makespan_s"].values()), o["name"]
             assert o["plan_makespan_s"]["default"] <= o["plan_makespan_s"]["greedy"] + 0.1
             assert set(o["noisy_makespan_s"]) == set(results.NOISY_STRATEGIES)
@@ -323,6 +333,10 @@ def test_bench_json_schema(quick_bench: tuple[dict[str, Any], Path, str, int]) -
         load["import_module_s"] + load["defs_s"], abs=0.002
     )
     assert set(doc["overhead"]) == set(overhead.OVERHEADS)
+    # A 100k-line bake: every line in the compute log, a bounded digest in the event log.
+    bake = doc["overhead"]["bake_output"]
+    assert bake["bake_lines"] == bake["compute_log_lines"] == overhead.BAKE_LINES
+    assert bake["event_records"] <= 40
     # The same document is on disk, with the tables and one chart per strategy and scenario.
     assert json.loads((out / "bench-results.json").read_text()) == doc
     tables = (out / "bench-tables.md").read_text()
@@ -331,6 +345,9 @@ def test_bench_json_schema(quick_bench: tuple[dict[str, Any], Path, str, int]) -
     assert len(doc["gantt"]) == len(charted) * len(results.ALL_STRATEGIES)
     for rel in doc["gantt"]:
         assert (out / rel).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", rel
+    # The text report says which bound "x LB" divides by, under each scenario's table.
+    said = [x for x in report.text_report(doc).splitlines() if "x LB: over each instance" in x]
+    assert len(said) == len(names)
 
 
 # --- rocm-assets plan ------------------------------------------------------------------------
@@ -347,7 +364,7 @@ def expected_builds(
 def check_plan(data: dict[str, Any], deps: dict[Build, frozenset[Build]]) -> None:
     """The issue's done-when: every build once, no overlap on a node, no start before a
     dependency ends, makespan >= lower bound."""
-    assert set(data) >= {"strategy", "makespan_s", "lower_bound_s", "builds"}
+    assert set(data) >= {"strategy", "makespan_s", "lower_bound_s", "lower_bound_source", "builds"}
     rows = data["builds"]
     assert all(set(r) == {"target", "arch", "node", "start_s", "end_s"} for r in rows)
     placed = [Build(r["target"], r["arch"]) for r in rows]
@@ -440,8 +457,59 @@ def test_plan_with_the_solver_is_valid_and_reports_its_proof() -> None:
     assert data["strategy"] == "solver"
     assert data["solver"]["status"] in {"OPTIMAL", "FEASIBLE"}
     assert data["solver"]["proven_bound_s"] <= data["makespan_s"]
+    # Never a bound weaker than the one it proved.
+    assert data["lower_bound_s"] >= data["solver"]["proven_bound_s"]
     # pytorch-src is outside the request: it must already be published.
     assert [p["target"] for p in data["must_be_published"]] == ["pytorch-src"]
+
+
+def _hours(figure: str) -> float:
+    """`3h52m` or `25m31s` (`duration`'s forms) in seconds."""
+    found = re.fullmatch(r"(?:(\d+)h)?(?:(\d+)m)?(?:(\d+)s)?", figure)
+    assert found, figure
+    h, m, sec = (int(x or 0) for x in found.groups())
+    return 3600 * h + 60 * m + sec
+
+
+def test_plan_reports_the_bound_the_coordinators_solver_proved(tmp_path: Path) -> None:
+    # Two arches on the shipped fleet: CP-SAT proves far more than the static bounds (3h11m).
+    arches = ["gfx942", "gfx950"]
+    static = plan_json("--arch", *arches, "--strategy", "greedy")
+    assert static["lower_bound_source"] in {"path", "work", "stage"}
+    data = plan_json("--arch", *arches, "--time-limit", "5")
+    check_plan(data, expected_builds(arches))
+    proven = data["coordinator"]["proven_bound_s"]
+    assert data["lower_bound_source"] == "solver"
+    assert data["lower_bound_s"] == proven > static["lower_bound_s"] + 600
+    chart = tmp_path / "plan.html"
+    text = rocm_assets_cli(
+        "plan", "--arch", *arches, "--time-limit", "5", "--gantt", str(chart)
+    )  # fmt: skip
+    assert text.returncode == 0, text.stderr
+    found = re.search(r"lower bound (\S+) \(proven by CP-SAT; [\d.]+x\)$", text.stdout, re.M)
+    assert found, text.stdout
+    # The same figure in the chart, to the second; and not the static one.
+    shown = _hours(found[1])
+    assert shown > static["lower_bound_s"] + 600
+    page = re.search(r"lower bound (\d+):(\d\d):(\d\d) \(proven by CP-SAT\)</p>", chart.read_text())
+    assert page, "no proven bound in the chart"
+    charted = 3600 * int(page[1]) + 60 * int(page[2]) + int(page[3])
+    assert shown <= charted < shown + 60
+
+
+def test_plan_names_the_static_bound_when_it_is_the_best() -> None:
+    # A chain of two: the critical path is the optimum, the solver proves nothing more.
+    args = ("--targets", "rocm-runtime", "pytorch-base", "--arch", "gfx942", "--time-limit", "5")
+    data = plan_json(*args)
+    check_plan(data, expected_builds(["gfx942"], ["rocm-runtime", "pytorch-base"]))
+    assert data["lower_bound_source"] == "path"
+    assert data["coordinator"]["proven_bound_s"] <= data["lower_bound_s"]
+    assert data["lower_bound_s"] == pytest.approx(data["makespan_s"], rel=1e-3)
+    text = rocm_assets_cli("plan", *args)
+    assert text.returncode == 0, text.stderr
+    assert re.search(r"lower bound \S+ \(static: critical path; [\d.]+x\)$", text.stdout, re.M)
+    greedy = plan_json(*args, "--strategy", "greedy")
+    assert greedy["lower_bound_source"] == "path"
 
 
 def test_plan_one_target_plans_only_it_and_lists_its_published_inputs() -> None:

@@ -1,4 +1,5 @@
-"""rocm_assets.core.build.invocation: the bake command, its metadata, its failures, its output.
+"""rocm_assets.core.build.invocation: the bake command, its metadata, its failures, its output;
+and rocm_assets.core.build.output, where that output goes (driven with a test's own clock).
 
 Real: Debian 13's dockerd 26 (a docker context of it is the builder, as a docker-driver farm node
 is), the docker CLI with Debian's buildx 0.29 (and Debian 13's 0.13 where a test says so), Debian's
@@ -9,6 +10,7 @@ Stand-in, in two tests only: a `docker` CLI without the buildx plugin (a script 
 test), since every docker CLI here finds Debian's plugin.
 """
 
+import io
 import json
 import os
 import shlex
@@ -31,6 +33,7 @@ from rocm_assets.core.build.invocation import (
     parse_metadata,
     run_bake,
 )
+from rocm_assets.core.build.output import BakeLog
 from rocm_assets_tests.helpers import wait_until
 from rocm_assets_tests.servers.dockerd import (
     E2E_BAKE_FILE,
@@ -475,6 +478,41 @@ def test_output_streams_while_bake_runs(
     assert result.digest.startswith("sha256:")
 
 
+def test_bake_log_keeps_every_line_raw_and_only_a_digest_as_events() -> None:
+    clock = [0.0]
+    raw = io.StringIO()
+    events: list[str] = []
+    log = BakeLog(raw, events.append, progress_s=60.0, tail_lines=3, clock=lambda: clock[0])
+    log(["#1 [internal] load build definition", "#1 DONE 0.0s", "#2 [1/2] RUN make"])
+    # 1,000 batches over 1,000 s; plain progress repeats a step's header when steps interleave.
+    for k in range(1000):
+        clock[0] += 1.0
+        log([f"#2 {k}.0 cc unit{k}.c", "#2 [1/2] RUN make"])
+    log.close()
+    assert raw.getvalue().count("\n") == 2003
+    assert raw.getvalue().splitlines()[-2:] == ["#2 999.0 cc unit999.c", "#2 [1/2] RUN make"]
+    # Each step once, a progress line a minute (16 in 1,000 s), one summary.
+    assert events[:2] == ["step #1 [internal] load build definition", "step #2 [1/2] RUN make"]
+    progress = events[2:-1]
+    assert len(progress) == 16
+    assert progress[0] == ("bake output: 123 lines in 1m00s so far; last: #2 [1/2] RUN make")
+    assert events[-1] == (
+        "bake output: 2,003 lines in 16m40s, all of them in this step's compute log (stdout); "
+        "the last 3:\n#2 [1/2] RUN make\n#2 999.0 cc unit999.c\n#2 [1/2] RUN make"
+    )
+
+
+def test_bake_log_of_a_short_bake_is_all_in_its_summary() -> None:
+    events: list[str] = []
+    log = BakeLog(io.StringIO(), events.append, clock=lambda: 0.0)
+    log(["#1 [internal] load build definition", "#1 DONE 0.0s"])
+    log.close()
+    assert events == [
+        "step #1 [internal] load build definition",
+        "bake output, all 2 lines in 0s:\n#1 [internal] load build definition\n#1 DONE 0.0s",
+    ]
+
+
 class StopBuild(Exception):
     pass
 
@@ -500,6 +538,34 @@ def test_an_exception_in_the_caller_cancels_the_build_on_its_node(
     # run_bake reaped bake's whole process group before re-raising.
     assert bake_processes(inv.name) == []
     # And bake cancelled the build on the builder: BuildKit's record ends cancelled.
+    wait_until(
+        lambda: builders.status(E2E_BUILDER, inv.name) == "canceled",
+        f"the builder to record {inv.name} as cancelled",
+        timeout_s=HANG_GUARD_S,
+    )
+
+
+def test_a_stop_reason_stops_the_bake_and_fails_the_build_with_it(
+    builders: Builders, registry_server: RegistryServer, tmp_path: Path
+) -> None:
+    # What the link watch of a node says once the node stops answering its probes.
+    reason = "node node-a unreachable for 46 s (ssh timeout after 5 s)"
+    run_id = unique("stopped")
+    inv = invocation(tmp_path, farm_env(builders, registry_server, HOLD_S="60"), run_id=run_id)
+    started: list[bool] = []
+
+    def stop_when() -> str | None:
+        return reason if started else None
+
+    def on_output(batch: list[str]) -> None:
+        if any("sleep" in line for line in batch):
+            started.append(True)
+
+    with pytest.raises(BuildError) as raised:
+        run_bake(inv, on_output=on_output, flush_s=0.05, stop_when=stop_when)
+    assert str(raised.value) == f"{reason}: bake was stopped"
+    assert any("sleep" in line for line in raised.value.log_tail)
+    assert bake_processes(inv.name) == []
     wait_until(
         lambda: builders.status(E2E_BUILDER, inv.name) == "canceled",
         f"the builder to record {inv.name} as cancelled",

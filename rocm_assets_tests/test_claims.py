@@ -37,9 +37,12 @@ from rocm_assets.instance.claims import (
     claims,
     ensure_builder_pools,
     holder,
-    release_finished,
+    leases,
+    release_claim,
     release_run,
+    renew_lease,
 )
+from rocm_assets.instance.drain import BakeDrain
 from rocm_assets_tests.claim_workers import claim_rounds, lockstep_claim
 
 CLAIMERS = 8
@@ -230,9 +233,12 @@ def test_release_run(instance: dg.DagsterInstance) -> None:
     assert storage.claim_concurrency_slot("op-pool", "run-1", "compile").is_claimed
     for builder, run in (("a", "run-1"), ("b", "run-1"), ("c", "run-2")):
         assert claim_builder(instance, builder, run)
+        renew_lease(instance, run, 1000.0)
 
     assert release_run(instance, "run-1") == 2
     assert claims(instance) == {"c": "run-2"}
+    # Its lease ends with its claims; the other run's stands.
+    assert leases(instance, ["run-1", "run-2"]) == {"run-2": 1000.0}
     assert release_run(instance, "run-1") == 0
     for builder in ("a", "b"):
         assert storage.get_concurrency_info(builder_pool(builder)).pending_steps == []
@@ -243,9 +249,10 @@ def test_release_run(instance: dg.DagsterInstance) -> None:
 
 
 @pytest.mark.real
-def test_release_finished(instance: dg.DagsterInstance) -> None:
-    """Real SQLite / PostgreSQL 15 instance with real run records in each status: claims of
-    finished (SUCCESS, FAILURE, CANCELED) and missing runs are freed; the rest stay."""
+def test_the_daemon_frees_the_claims_of_runs_that_never_baked(instance: dg.DagsterInstance) -> None:
+    """Real SQLite / PostgreSQL 15 instance with real run records in each status: the daemon's
+    sweep (rocm_assets.instance.drain) frees the claims of finished (SUCCESS, FAILURE, CANCELED)
+    runs whose worker never started, so never baked, and of missing runs at once; the rest stay."""
     statuses = {
         "done": dg.DagsterRunStatus.SUCCESS,
         "failed": dg.DagsterRunStatus.FAILURE,
@@ -263,12 +270,19 @@ def test_release_finished(instance: dg.DagsterInstance) -> None:
     ensure_builder_pools(instance, run_ids)
     for builder, run_id in run_ids.items():
         assert claim_builder(instance, builder, run_id)
+        renew_lease(instance, run_id, 1000.0)
 
-    freed = release_finished(instance)
+    drain = BakeDrain(instance, wait_s=3600)
+    drain.sweep(time.time())
 
-    assert sorted(freed) == sorted((b, run_ids[b]) for b in ("done", "failed", "canceled", "gone"))
     assert claims(instance) == {b: run_ids[b] for b in ("running", "starting", "queued")}
-    assert release_finished(instance) == []
+    assert drain.draining() == {}
+    assert leases(instance, run_ids.values()) == {
+        run_ids[b]: 1000.0 for b in ("running", "starting", "queued")
+    }
+    assert not release_claim(instance, "done", run_ids["done"])
+    assert not release_claim(instance, "running", run_ids["queued"])
+    assert release_claim(instance, "running", run_ids["running"])
 
 
 @pytest.mark.real

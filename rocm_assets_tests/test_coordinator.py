@@ -30,6 +30,7 @@ from rocm_assets.core.common.constants import (
     PLACEMENT_PLACED,
     PLACEMENT_WAITING,
     ROCM_BUILD_TAG,
+    ROCM_BUILDER_TAG,
     ROCM_EST_FINISH_TAG,
     ROCM_FANOUT_OF_TAG,
     ROCM_FANOUT_TAG,
@@ -54,6 +55,7 @@ from rocm_assets_tests.helpers.instance import (
     coordinator_config,
     end,
     iterate,
+    messages,
     runs_in,
     submit,
 )
@@ -219,6 +221,28 @@ def test_in_process_runs_hold_their_builder(instance: dg.DagsterInstance) -> Non
     iterate(instance)
     assert instance.get_run_by_id(run.run_id).tags[ROCM_NODE_TAG] == "small"
     assert claims.holder(instance, "small") == run.run_id
+
+
+def test_a_claim_left_by_a_daemon_killed_mid_placement_is_undone(
+    instance: dg.DagsterInstance,
+) -> None:
+    # The daemon was SIGKILLed between claiming a builder for a queued run and tagging the run
+    # placed: the run still waits, and nothing else would ever free that builder.
+    run = submit(instance, "rocm-runtime", "gfx942")
+    claims.ensure_builder_pools(instance, ["big", "mid", "small"])
+    assert claims.claim_builder(instance, "big", run.run_id)
+    claims.renew_lease(instance, run.run_id, time.time())
+    # Within the grace it may be a tick still at work (another daemon): left alone.
+    iterate(instance)
+    assert instance.get_run_by_id(run.run_id).status == dg.DagsterRunStatus.QUEUED
+    assert claims.claims(instance) == {"big": run.run_id}
+    claims.renew_lease(instance, run.run_id, time.time() - 60)
+    iterate(instance)
+    placed = instance.get_run_by_id(run.run_id)
+    assert placed.status == dg.DagsterRunStatus.STARTING
+    assert placed.tags[ROCM_PLACEMENT_TAG] == PLACEMENT_PLACED
+    assert claims.claims(instance) == {placed.tags[ROCM_BUILDER_TAG]: run.run_id}
+    assert "the claim is undone and the run placed afresh" in messages(instance, run.run_id)
 
 
 def test_a_bad_fleet_file_never_crashes_the_daemon(

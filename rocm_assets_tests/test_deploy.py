@@ -23,10 +23,12 @@ Real here:
 """
 
 import base64
+import configparser
 import io
 import json
 import os
 import re
+import shlex
 import shutil
 import stat
 import subprocess
@@ -61,6 +63,11 @@ FARM_SERVICES = ("code-location", "webserver", "daemon", "docker")
 REQUIREMENTS = DEPLOY_DIR / "requirements.txt"
 # Debian 13's docker-compose (v2), unpacked by .ci/setup where the machine's own is 1.29.
 COMPOSE_V2 = Path(os.environ.get("ROCM_TEST_COMPOSE", "/opt/rocm-assets/compose-2/docker-compose"))
+SYSTEMD_DIR = DEPLOY_DIR / "systemd"
+DAEMON_UNIT = "rocm-assets-daemon.service"
+CODE_SERVER_UNIT = "rocm-assets-code-server.service"
+# Where the units expect the project's virtualenv.
+_UNIT_VENV_BIN = "/opt/rocm-assets/venv/bin/"
 DOCKER_SOCKET = "/var/run/docker.sock"
 _TIMEOUT_S = 300
 # BUILDKIT_BUILD_NAME, which names the history records the builds are found by.
@@ -102,7 +109,9 @@ def _compose_argv() -> list[str]:
 def _compose_config(env_file: Path) -> subprocess.CompletedProcess:
     # A clean environment: only the env file decides, as `.env` does on a Docker host.
     env = {"PATH": os.environ["PATH"], "HOME": os.environ.get("HOME", "/root")}
-    argv = [*_compose_argv(), "--env-file", str(env_file), "-f", str(COMPOSE_FILE), "config"]
+    # The tools profile too, so the `docker` service is resolved and checked with the rest.
+    argv = [*_compose_argv(), "--env-file", str(env_file), "-f", str(COMPOSE_FILE)]
+    argv += ["--profile", "tools", "config"]
     return _run(argv, env)
 
 
@@ -209,7 +218,7 @@ def test_docker_socket_only_where_runs_are_launched_or_stopped(compose: dict[str
     for name in ("webserver", "daemon"):
         assert _mounts(services[name]).get(DOCKER_SOCKET) == DOCKER_SOCKET
         assert services[name]["group_add"], f"{name} needs the socket's group"
-    for name in ("code-location", "buildx"):
+    for name in ("code-location", "docker"):
         assert DOCKER_SOCKET not in _mounts(services[name])
     worker_volumes = _load_deploy_yaml()["run_launcher"]["config"]["container_kwargs"]["volumes"]
     assert not [v for v in worker_volumes if DOCKER_SOCKET in v]
@@ -229,6 +238,65 @@ def test_bake_and_fleet_files_lie_on_their_mounts(compose: dict[str, Any]) -> No
                 continue
             path = Path(service["environment"][setting])
             assert any(path.is_relative_to(t) for t in mounted_at), f"{name}: {setting}={path}"
+
+
+@pytest.mark.real
+def test_the_farm_services_come_back_when_they_die(compose: dict[str, Any]) -> None:
+    # `kill -9` of the daemon included: Docker restarts what exits unless someone stopped it.
+    for name in ("postgres", "code-location", "webserver", "daemon"):
+        assert compose["services"][name]["restart"] == "unless-stopped", name
+
+
+# ---- systemd/ ----
+
+
+def _unit(name: str) -> dict[str, dict[str, str]]:
+    parser = configparser.ConfigParser(interpolation=None, strict=True)
+    parser.optionxform = str  # type: ignore[assignment,method-assign]  # keys are case-sensitive
+    parser.read_string((SYSTEMD_DIR / name).read_text())
+    return {section: dict(parser[section]) for section in parser.sections()}
+
+
+@pytest.mark.real
+def test_systemd_units_verify_and_restart_the_daemon_apart_from_its_builds(
+    compose: dict[str, Any], tmp_path: Path
+) -> None:
+    daemon, server = _unit(DAEMON_UNIT), _unit(CODE_SERVER_UNIT)
+    assert daemon["Service"]["Restart"] == server["Service"]["Restart"] == "always"
+    # The daemon runs what compose runs, over a workspace that points at the code server's
+    # address: run workers are the code server's, so a daemon restart stops no build.
+    exec_daemon = shlex.split(daemon["Service"]["ExecStart"])
+    assert Path(exec_daemon[0]).name == compose["services"]["daemon"]["command"][0]
+    assert exec_daemon[1:] == [
+        *compose["services"]["daemon"]["command"][1:3],
+        "/etc/rocm/workspace.yaml",
+    ]
+    [entry] = yaml.safe_load((SYSTEMD_DIR / "workspace.yaml").read_text())["load_from"]
+    exec_server = shlex.split(server["Service"]["ExecStart"])
+    assert exec_server[1:] == [
+        *compose["services"]["code-location"]["command"][1:5],
+        "-h",
+        entry["grpc_server"]["host"],
+        "-p",
+        str(entry["grpc_server"]["port"]),
+        "--location-name",
+        entry["grpc_server"]["location_name"],
+    ]
+    assert CODE_SERVER_UNIT in daemon["Unit"]["After"].split()
+    # systemd's own check, with the venv the units name replaced by this one.
+    venv_bin = Path(sys.executable).parent
+    for name in (DAEMON_UNIT, CODE_SERVER_UNIT):
+        text = (SYSTEMD_DIR / name).read_text().replace(_UNIT_VENV_BIN, f"{venv_bin}/")
+        (tmp_path / name).write_text(text)
+    verified = _run(
+        [
+            "systemd-analyze",
+            "verify",
+            *(str(tmp_path / n) for n in (DAEMON_UNIT, CODE_SERVER_UNIT)),
+        ],
+        os.environ,
+    )
+    assert verified.returncode == 0 and verified.stderr == "", verified.stderr
 
 
 # ---- dagster.yaml ----

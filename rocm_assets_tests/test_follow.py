@@ -16,7 +16,7 @@ from itertools import pairwise
 import pytest
 
 from rocm_assets.core.placement import Build, CostModel, Problem, plan
-from rocm_assets.core.placement.bounds import validate_schedule
+from rocm_assets.core.placement.bounds import lower_bounds, validate_schedule
 from rocm_assets.core.placement.farm import FarmState, FollowSettings, Running, solver_budget_s
 from rocm_assets.core.placement.fill import best_move
 from rocm_assets.core.placement.follow import PlanFollower
@@ -37,6 +37,7 @@ from rocm_assets_tests.helpers.placement import (
     FakeNode,
     ScriptedRunner,
     random_problem,
+    seed_builds,
 )
 
 N1, N2 = FakeNode("n1"), FakeNode("n2")
@@ -429,6 +430,46 @@ def test_the_solver_plan_is_adopted_only_when_shorter_and_current() -> None:
     failed = follower.plan()
     assert failed is not None and failed.strategy == "solver" and failed.queues == view.queues
     assert failed.solver == "failed: boom"
+
+
+def test_the_plan_view_carries_the_bound_its_own_solve_proved() -> None:
+    # The seed graph for two arches: CP-SAT proves far more than placement's static bounds.
+    nodes = (
+        FakeNode("gaming", cores=16, mem_gb=15, link_mbps=100),
+        FakeNode("think", cores=32, mem_gb=122, link_mbps=1000),
+        FakeNode("nuc", cores=8, mem_gb=32, link_mbps=40),
+    )
+    cost = CostModel(FakeFleet(nodes, {"pytorch": FakeCost(7200, 6), "vllm": FakeCost(1320, 2)}))
+    builds, deps = seed_builds(["gfx942", "gfx1100"])
+    pending = {b: deps[b] for b in builds}
+    runner = ScriptedRunner()
+    follower = PlanFollower(runner)
+    follower.tick(FarmState(0.0, pending, {}, nodes, cost))
+    first = follower.plan()
+    # Asked, not answered: no proof yet.
+    assert first is not None and first.proven_bound_s is None
+    (request,) = runner.requests
+    result = solve(request.problem, 10.0, request.busy_until, workers=1, hint=request.hint)
+    assert result.proven_bound_s > lower_bounds(request.problem).best + 60
+    runner.outcomes.append(SolveOutcome(1, result))
+    follower.tick(FarmState(0.0, pending, {}, nodes, cost))
+    solved = follower.plan()
+    assert solved is not None and solved.proven_bound_s == result.proven_bound_s
+    assert solved.proven_bound_s <= solved.makespan_s
+    # A re-plan is another problem: its bound waits for its own solve, an older one is dropped,
+    # and the new proof is on the caller's clock (the plan was made at 10 s).
+    follower.tick(FarmState(10.0, pending, {}, nodes[:2], cost))
+    runner.outcomes.append(SolveOutcome(1, result))
+    follower.tick(FarmState(10.0, pending, {}, nodes[:2], cost))
+    replanned = follower.plan()
+    assert replanned is not None and replanned.generation == 2
+    assert replanned.proven_bound_s is None
+    again = runner.requests[-1]
+    second = solve(again.problem, 10.0, again.busy_until, workers=1, hint=again.hint)
+    runner.outcomes.append(SolveOutcome(2, second))
+    follower.tick(FarmState(10.0, pending, {}, nodes[:2], cost))
+    view = follower.plan()
+    assert view is not None and view.proven_bound_s == pytest.approx(10.0 + second.proven_bound_s)
 
 
 def test_inline_solver_plans_are_never_longer_than_the_heuristics() -> None:

@@ -12,18 +12,23 @@ one more target. What a test says about a build it reads from that build's own a
 registry's digests and image labels, and BuildKit's history (`docker buildx history ls` and
 `inspect`: the record's name, final state, times, build args and named contexts).
 
+The UI-terminate test runs the farm as deployed instead (rocm_assets_tests/helpers/daemon_farm.py):
+rocm-assets' placement coordinator, the real `dagster-daemon run`, its own code server, and the
+UI's GraphQL `terminateRun`.
+
 Stand-ins: none. The fleet's one node has no `ssh`, so it is not probed (MAX_JOBS comes from its
 figures).
 """
 
 import os
+import re
 import shlex
 import signal
 import subprocess
 import sys
 import textwrap
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -40,8 +45,18 @@ from dagster._daemon.run_coordinator.queued_run_coordinator_daemon import Queued
 
 from rocm_assets.core.bake import load_graph
 from rocm_assets.core.build.invocation import HistoryRecord
-from rocm_assets.core.common.constants import ROCM_MAX_JOBS_TAG, ROCM_NODE_TAG
+from rocm_assets.core.common.constants import ROCM_BUILD_TAG, ROCM_MAX_JOBS_TAG, ROCM_NODE_TAG
+from rocm_assets.instance import claims
 from rocm_assets_tests.helpers import alive, wait_until
+from rocm_assets_tests.helpers.daemon_farm import (
+    assert_nothing_held,
+    build_runs,
+    make_daemon_farm,
+    running_farm,
+    submit,
+    terminate_from_ui,
+    wait_for_runs,
+)
 from rocm_assets_tests.servers.dockerd import (
     E2E_BAKE_FILE,
     E2E_BUILDER,
@@ -524,6 +539,76 @@ def test_failing_build_fails_its_step_with_bakes_reason_and_pushes_nothing(
     assert registry_server.digest(f"{farm.registry_var}/e2e/tool-wheel:1.0") is None
 
 
+# ##### A CHATTY BUILD
+
+
+CHATTY_LINES = 100_000
+# A build that prints CHATTY_LINES numbered lines in a few seconds: a thousand at a time, paced
+# under the 200 KiB/s past which BuildKit clips a step's log. RUN_ID is in the step's
+# environment, so every run's step is new to BuildKit's cache and prints them again.
+CHATTY_SCRIPT = (
+    f"echo run $RUN_ID; i=0; while [ $i -lt {CHATTY_LINES // 1000} ]; do "
+    "seq $((i * 1000 + 1)) $((i * 1000 + 1000)); sleep 0.05; i=$((i + 1)); done"
+)
+CHATTY_DOCKERFILE = f"""\
+FROM scratch
+ARG RUN_ID
+COPY busybox /bin/busybox
+RUN --network=none ["/bin/busybox", "sh", "-c", "{CHATTY_SCRIPT}"]
+"""
+CHATTY_HCL = """
+target "chatty" {
+  context    = "."
+  dockerfile = "chatty.Dockerfile"
+  tags       = ["${REGISTRY}/e2e/chatty:${GPU_ARCH}"]
+  args       = { RUN_ID = RUN_ID }
+}
+"""
+# The run's whole event log for a 100k-line bake: Dagster's own records (21 for the step and its
+# check) plus the bake's (6 steps and a summary), 28 in all. Sent as batches, it was 522.
+CHATTY_MAX_EVENTS = 40
+# `#6 0.104 35977`: one line the chatty step printed, in bake's plain progress.
+NUMBERED = re.compile(r"^#\d+ \d+\.\d+ (\d+)$", re.MULTILINE)
+
+
+def compute_log(instance: dg.DagsterInstance, run_id: str) -> str:
+    """Everything the run's process wrote to stdout, as Dagster captured it."""
+    [captured] = run_events(instance, run_id, dg.DagsterEventType.LOGS_CAPTURED)
+    assert captured.dagster_event is not None
+    file_key = captured.dagster_event.logs_captured_data.file_key
+    manager = instance.compute_log_manager
+    data = manager.get_log_data(manager.build_log_key_for_run(run_id, file_key))
+    return (data.stdout or b"").decode()
+
+
+def test_a_100k_line_bake_keeps_its_output_in_the_compute_log_not_the_event_log(
+    builders: Builders, registry_server: RegistryServer, tmp_path: Path
+) -> None:
+    bake_file = copy_e2e(tmp_path / "farm", extra=CHATTY_HCL)
+    (bake_file.parent / "chatty.Dockerfile").write_text(CHATTY_DOCKERFILE)
+    farm = make_farm(builders, tmp_path, registry_server, bake_file)
+    done = materialize_cli(farm.env, "--select", "chatty", "--partition", ARCH)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    with open_instance(farm.home) as instance:
+        [run] = instance.get_runs()
+        assert run.status == dg.DagsterRunStatus.SUCCESS, run_log(instance, run.run_id)
+        records = instance.all_logs(run.run_id)
+        stdout = compute_log(instance, run.run_id)
+    # Every line bake printed is in the compute log, once and in order.
+    printed = [int(n) for n in NUMBERED.findall(stdout)]
+    assert printed == list(range(1, CHATTY_LINES + 1))
+    # The event log holds a bounded digest: the steps, then one summary with the last lines.
+    assert len(records) <= CHATTY_MAX_EVENTS, len(records)
+    messages = [r.message for r in records]
+    assert sum(len(NUMBERED.findall(m)) for m in messages) <= 40
+    assert any(m.startswith("step #") and "RUN --network=none" in m for m in messages)
+    [summary] = [m for m in messages if m.startswith("bake output: ")]
+    total = len(stdout.splitlines())
+    assert summary.startswith(f"bake output: {total:,} lines in ")
+    assert "all of them in this step's compute log (stdout); the last 40:" in summary
+    assert "naming to " in summary
+
+
 # ##### CANCELLATION
 
 
@@ -574,3 +659,102 @@ def test_cancelling_a_run_cancels_its_build_on_the_node(
     assert name in (build_name("base", run_id), build_name("tool-wheel", run_id))
     started, finished = record_span(ended)
     assert (finished - started).total_seconds() < float(CANCEL_HOLD_S)
+
+
+# How long a build waits on an input that was cancelled before it fails (dagster.yaml's
+# input_wait_seconds: 30 min by default, for someone to rebuild the input).
+INPUT_WAIT_S = 10
+# A run ends this long after it is terminated, or its dependents after their input wait.
+TERMINATED_BOUND_S = 60.0
+
+
+def test_terminating_a_queued_and_a_running_build_from_the_ui(
+    builders: Builders,
+    registry_server: RegistryServer,
+    tmp_path: Path,
+    record_property: Callable[[str, object], None],
+) -> None:
+    # The default group for one arch on one node, through the placement coordinator and the
+    # real daemon: one root builds, the other root waits for the node, lib and app-wheel wait
+    # for their inputs. The UI's Terminate (GraphQL terminateRun) ends the queued root, then
+    # the running one.
+    farm = make_daemon_farm(
+        tmp_path / "farm",
+        builders,
+        registry_server,
+        E2E_BAKE_FILE,
+        {NODE: E2E_BUILDER},
+        coordinator={"input_wait_seconds": INPUT_WAIT_S},
+        HOLD_S=CANCEL_HOLD_S,
+    )
+    with running_farm(farm) as (instance, workspace):
+        submit(instance, workspace, "default", partition=ARCH)
+        by_target: dict[str, str] = {}
+
+        def one_bake_holds_the_node() -> bool:
+            runs = build_runs(instance)
+            by_target.update({r.tags[ROCM_BUILD_TAG].split("@")[0]: r.run_id for r in runs})
+            return len(runs) == len(E2E_TARGETS) and any(
+                r.status == dg.DagsterRunStatus.STARTED
+                and f'sleep "{CANCEL_HOLD_S}"' in run_log(instance, r.run_id)
+                for r in runs
+            )
+
+        wait_until(one_bake_holds_the_node, f"a held bake\n{farm.logs_tail()}", HANG_GUARD_S)
+        status = {t: instance.get_run_by_id(i).status for t, i in by_target.items()}
+        [running] = [t for t, s in status.items() if s == dg.DagsterRunStatus.STARTED]
+        [queued] = {"base", "tool-wheel"} - {running}
+        assert status[queued] == status["lib"] == status["app-wheel"] == dg.DagsterRunStatus.QUEUED
+        [record] = records_of_run(builders, by_target[running]).values()
+        assert record.status == "Running"
+        bakes = bake_processes(by_target[running])
+        assert bakes
+
+        request = workspace.create_request_context()
+        # The queued one: cancelled in the queue at once; it never starts.
+        assert terminate_from_ui(request, by_target[queued]) == "TerminateRunSuccess"
+        assert instance.get_run_by_id(by_target[queued]).status == dg.DagsterRunStatus.CANCELED
+        # The running one: its worker stops the bake, BuildKit cancels it, the claim goes.
+        terminated = time.monotonic()
+        assert terminate_from_ui(request, by_target[running]) == "TerminateRunSuccess"
+        wait_until(
+            lambda: instance.get_run_by_id(by_target[running]).is_finished,
+            "the terminated run to end",
+            TERMINATED_BOUND_S,
+            poll_s=0.2,
+        )
+        run_ended_s = time.monotonic() - terminated
+        assert instance.get_run_by_id(by_target[running]).status == dg.DagsterRunStatus.CANCELED
+        assert claims.claims(instance) == {}
+        assert not any(alive(pid) for pid in bakes)
+        wait_until(
+            lambda: builders.status(E2E_BUILDER, record.name) == "canceled",
+            f"the node to record {record.name} as cancelled",
+            TERMINATED_BOUND_S,
+        )
+        started, finished = record_span(records_of_run(builders, by_target[running])[record.name])
+        assert (finished - started).total_seconds() < float(CANCEL_HOLD_S)
+        canceled_s = time.monotonic() - terminated
+        # The dependents wait INPUT_WAIT_S for someone to rebuild the cancelled input, then
+        # fail naming it; app-wheel's own input wait starts when lib has failed.
+        dependents_s = wait_for_runs(instance, farm, len(E2E_TARGETS), 2 * TERMINATED_BOUND_S)
+        ended = {t: instance.get_run_by_id(i) for t, i in by_target.items()}
+        assert {t: r.status for t, r in ended.items()} == {
+            running: dg.DagsterRunStatus.CANCELED,
+            queued: dg.DagsterRunStatus.CANCELED,
+            "lib": dg.DagsterRunStatus.FAILURE,
+            "app-wheel": dg.DagsterRunStatus.FAILURE,
+        }
+        reason = run_log(instance, by_target["lib"])
+        assert f"ended CANCELED and nothing rebuilt it within {INPUT_WAIT_S}s" in reason, reason
+        assert "input lib@gfx942 is not published" in run_log(instance, by_target["app-wheel"])
+        # The queued run and the dependents never started: no run worker, no bake.
+        for target in (queued, "lib", "app-wheel"):
+            assert not run_events(instance, by_target[target], dg.DagsterEventType.RUN_START)
+            assert records_of_run(builders, by_target[target]) == {}
+        assert_nothing_held(instance)
+    assert builders.overlaps(BUILD_PREFIX) == []
+    assert "Traceback" not in farm.log("daemon")
+    record_property("terminated_run_ended_s", round(run_ended_s, 1))
+    record_property("buildkit_record_canceled_s", round(canceled_s, 1))
+    record_property("dependents_failed_after_s", round(dependents_s, 1))

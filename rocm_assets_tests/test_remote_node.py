@@ -12,17 +12,30 @@ with real `docker buildx history ls`.
 
 import json
 import os
+import re
 import socket
 import subprocess
+import time
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 
 import httpx
 import pytest
 
-from rocm_assets.core.build.invocation import bake_invocation, build_name, history, run_bake
-from rocm_assets.core.nodes.probes import probe_node
-from rocm_assets_tests.servers.dockerd import place_busybox
+from rocm_assets.core.build.guard import GRACE_S
+from rocm_assets.core.build.invocation import (
+    BuildError,
+    bake_invocation,
+    build_name,
+    history,
+    run_bake,
+)
+from rocm_assets.core.nodes.fleet import Node
+from rocm_assets.core.nodes.probes import NodeProbe, probe_node
+from rocm_assets.core.nodes.watch import LinkWatch
+from rocm_assets_tests.helpers import alive, wait_until
+from rocm_assets_tests.servers.dockerd import copy_e2e, place_busybox
 from rocm_assets_tests.servers.netns import SSH_PORT, HostRegistry, RemoteNode
 
 pytestmark = pytest.mark.real
@@ -246,3 +259,129 @@ def test_bake_on_the_node_over_ssh_pushes_to_the_hosts_registry(
     assert f"Accepted publickey for root from {remote_node.host_addr}" in (
         remote_node.sshd_log.read_text()
     )
+
+
+# ##### A CUT LINK, SEEN BY THE FARM'S OWN PROBE
+
+# The watch's figures for these tests; the farm's own are 10 s and 45 s (core/nodes/watch.py).
+WATCH_EVERY_S = 2.0
+WATCH_UNREACHABLE_S = 10.0
+SHORT_CUT_S = 5.0
+# A probe's own bound: 5 s per connection phase plus its 0.5 s sample.
+PROBE_BOUND_S = 5.5
+
+
+def _unanswered(remote_node: RemoteNode) -> str:
+    """The probe's reason for a cut link: its connect times out, or the host's neighbour lookup
+    gives up first (the node's end of the link is down)."""
+    address = re.escape(remote_node.ssh_address)
+    return rf"(?:ssh timeout after 5 s|ssh connect to {address} failed: No route to host)"
+
+
+def _processes_naming(text: str) -> list[int]:
+    """Live processes with `text` in their command line (a bake names its build)."""
+    found = []
+    for proc in Path("/proc").iterdir():
+        try:
+            argv = (proc / "cmdline").read_bytes() if proc.name.isdigit() else b""
+        except OSError:
+            continue
+        if text.encode() in argv and alive(int(proc.name)):
+            found.append(int(proc.name))
+    return found
+
+
+def _watch(remote_node: RemoteNode) -> LinkWatch:
+    def probe(node: Node) -> NodeProbe:
+        return probe_node(
+            node, connect_kwargs=remote_node.connect_kwargs(), known_hosts=remote_node.known_hosts
+        )
+
+    return LinkWatch(
+        remote_node.fleet_node(),
+        every_s=WATCH_EVERY_S,
+        unreachable_s=WATCH_UNREACHABLE_S,
+        probe=probe,
+    )
+
+
+def test_the_link_watch_lets_a_short_cut_pass_and_names_a_long_one(
+    remote_node: RemoteNode,
+) -> None:
+    with _watch(remote_node) as watch:
+        with remote_node.link_cut():
+            time.sleep(SHORT_CUT_S)
+        time.sleep(WATCH_UNREACHABLE_S)
+        assert watch.verdict() is None
+        with remote_node.link_cut():
+            cut = time.monotonic()
+            wait_until(
+                lambda: watch.verdict() is not None,
+                "the watch's verdict",
+                WATCH_UNREACHABLE_S + WATCH_EVERY_S + 2 * PROBE_BOUND_S,
+                poll_s=0.2,
+            )
+            took_s = time.monotonic() - cut
+    assert re.fullmatch(
+        rf"node {remote_node.name} unreachable for \d+ s \({_unanswered(remote_node)}\)",
+        watch.verdict() or "",
+    ), watch.verdict()
+    assert took_s >= WATCH_UNREACHABLE_S
+
+
+def test_a_bake_over_a_cut_link_ends_within_its_watchs_bound(
+    remote_node: RemoteNode,
+    remote_registry: HostRegistry,
+    tmp_path: Path,
+    record_property: Callable[[str, object], None],
+) -> None:
+    bake_file = copy_e2e(tmp_path / "e2e")
+    run_id = f"r{uuid.uuid4().hex[:8]}"
+    inv = bake_invocation(
+        bake_file=bake_file,
+        target="base",
+        arch=ARCH,
+        partition=ARCH,
+        builder=remote_node.builder,
+        max_jobs=1,
+        run_id=run_id,
+        metadata_file=tmp_path / "metadata.json",
+        base_env={**remote_node.env, "REGISTRY": remote_node.registry_host, "HOLD_S": "300"},
+    )
+
+    def on_node() -> list[dict]:
+        out = remote_node.node_docker("buildx", "history", "ls", "--format", "json")
+        return [json.loads(line) for line in out.splitlines() if inv.name in line]
+
+    seen: list[str] = []
+    with _watch(remote_node) as watch:
+
+        def on_output(batch: list[str]) -> None:
+            # The held RUN step has started on the node: pull the cable.
+            if not seen and any("sleep" in line for line in batch):
+                seen.append("cut")
+                remote_node.link_down()
+
+        started = time.monotonic()
+        try:
+            with pytest.raises(BuildError) as raised:
+                run_bake(inv, on_output=on_output, stop_when=watch.verdict)
+            ended_s = time.monotonic() - started
+            # Ended while the link was still down: nothing waited for it to heal.
+            assert not remote_node.link_is_up()
+        finally:
+            remote_node.link_up()
+    assert seen == ["cut"]
+    assert re.fullmatch(
+        rf"node {remote_node.name} unreachable for \d+ s \({_unanswered(remote_node)}\): bake "
+        "was stopped",
+        str(raised.value),
+    ), raised.value
+    # Silence, then the watch's bound, then the guard's grace for bake to stop: never minutes.
+    assert ended_s <= WATCH_UNREACHABLE_S + WATCH_EVERY_S + PROBE_BOUND_S + GRACE_S + 10.0
+    assert _processes_naming(inv.name) == []
+    # With its client gone, BuildKit on the node ends the build once the link is back.
+    healed = time.monotonic()
+    wait_until(lambda: [r["status"] for r in on_node()] == ["Error"], "the build to end", 120)
+    record_property("bake_ended_after_s", round(ended_s, 1))
+    record_property("node_ended_it_after_heal_s", round(time.monotonic() - healed, 1))

@@ -14,6 +14,7 @@ from rocm_assets.core.placement import (
     Build,
     CostModel,
     Problem,
+    best_bound,
     lower_bounds,
     plan,
     validate_schedule,
@@ -72,6 +73,66 @@ def test_solver_plans_the_seed_graph_for_two_arches() -> None:
     }
     builds, deps = seed_builds(["gfx942", "gfx1100"])
     _check(Problem(builds, deps, nodes, CostModel(FakeFleet(nodes, costs))), limit_s=10.0)
+
+
+def _static_case(shape: str) -> Problem:
+    """100 s builds, zero-size images, two equal nodes; each shape's best static bound is tight."""
+    nodes = (FakeNode("n1"), FakeNode("n2"))
+    if shape == "chain":
+        builds = [Build(f"b{k}") for k in range(3)]
+        deps = {b: frozenset(builds[k - 1 : k]) for k, b in enumerate(builds)}
+    elif shape == "independent":
+        deps = {Build(f"b{k}"): frozenset() for k in range(4)}
+    else:
+        neck = Build("neck")
+        deps = {neck: frozenset()} | {Build(f"leaf{k}"): frozenset({neck}) for k in range(6)}
+    return Problem(
+        tuple(deps), deps, nodes, CostModel(FakeFleet(nodes, default=FakeCost(100, 0.0)))
+    )
+
+
+@pytest.mark.parametrize(
+    ("shape", "source", "label", "value"),
+    [
+        # Three 100 s builds in a row: the critical path, 300 s, is the optimum.
+        ("chain", "path", "static: critical path", 300.0),
+        # Four independent builds on two nodes: the work bound, 200 s.
+        ("independent", "work", "static: work", 200.0),
+        # A neck then six leaves on two nodes: 100 + 600 / 2, the stage bound.
+        ("neck", "stage", "static: stage", 400.0),
+    ],
+)
+def test_best_bound_names_the_static_bound_when_the_solver_proves_no_more(
+    shape: str, source: str, label: str, value: float
+) -> None:
+    problem = _static_case(shape)
+    result = solve(problem, LIMIT_S, workers=1)
+    assert result.status == "OPTIMAL"
+    bound = best_bound(problem, result.proven_bound_s)
+    assert (bound.source, bound.label) == (source, label)
+    assert bound.value_s == pytest.approx(value, rel=1e-5) == lower_bounds(problem).best
+    assert best_bound(problem) == bound
+
+
+def test_best_bound_is_the_solvers_proof_when_it_is_tighter() -> None:
+    # The seed graph for two arches: the static bounds miss how the nodes share the work.
+    nodes = (
+        FakeNode("gaming", cores=16, mem_gb=15, link_mbps=100),
+        FakeNode("think", cores=32, mem_gb=122, link_mbps=1000),
+        FakeNode("nuc", cores=8, mem_gb=32, link_mbps=40),
+    )
+    costs = {"pytorch": FakeCost(7200, 6), "vllm": FakeCost(1320, 2)}
+    builds, deps = seed_builds(["gfx942", "gfx1100"])
+    problem = Problem(builds, deps, nodes, CostModel(FakeFleet(nodes, costs)))
+    result = solve(problem, 10.0, workers=1)
+    static = lower_bounds(problem).best
+    assert result.proven_bound_s > static + 60
+    bound = best_bound(problem, result.proven_bound_s)
+    assert bound == (result.proven_bound_s, "solver")
+    assert bound.label == "proven by CP-SAT"
+    assert bound.value_s <= result.schedule.makespan_s
+    # Without the proof only the static bound is known, named.
+    assert best_bound(problem).value_s == static and best_bound(problem).source != "solver"
 
 
 def test_solver_beats_a_poor_warm_start() -> None:

@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from rocm_assets.core.placement import Schedule
+from rocm_assets.core.placement import Bound, Schedule
 
 FORMATS = (".svg", ".png", ".html")
 
@@ -38,7 +38,15 @@ def _hours(seconds: float) -> str:
     return f"{whole // 3600}:{whole % 3600 // 60:02d}:{whole % 60:02d}"
 
 
-def _figure(schedule: Schedule, nodes: Sequence[str], title: str, path: Path) -> tuple[Any, Any]:
+def _bound_text(schedule: Schedule, bound: Bound | None) -> str:
+    if bound is None:
+        return f"lower bound {_hours(schedule.lower_bound_s)}"
+    return f"lower bound {_hours(bound.value_s)} ({bound.label})"
+
+
+def _figure(
+    schedule: Schedule, nodes: Sequence[str], title: str, path: Path, bound: Bound | None
+) -> tuple[Any, Any]:
     """The pyplot module and the drawn figure."""
     plt = _pyplot(path)
     lanes = list(nodes) + sorted({a.node for a in schedule.assignments} - set(nodes))
@@ -69,15 +77,16 @@ def _figure(schedule: Schedule, nodes: Sequence[str], title: str, path: Path) ->
         label = a.build.arch or "noarch"
         if width > span_h * 0.006 * len(label):
             ax.text(left + width / 2, y, label, ha="center", va="center", fontsize=6)
-    if schedule.lower_bound_s > 0:
-        ax.axvline(schedule.lower_bound_s / 3600, color="grey", linestyle="--", linewidth=0.8)
+    line_s = schedule.lower_bound_s if bound is None else bound.value_s
+    if line_s > 0:
+        ax.axvline(line_s / 3600, color="grey", linestyle="--", linewidth=0.8)
     ax.set_yticks(range(len(lanes)), lanes)
     ax.invert_yaxis()
     ax.set_xlim(0, span_h * 1.01)
     ax.set_xlabel("hours from the start (dashed: lower bound)")
     ax.set_title(
         f"{title}: {schedule.strategy}, makespan {_hours(schedule.makespan_s)}, "
-        f"lower bound {_hours(schedule.lower_bound_s)}",
+        f"{_bound_text(schedule, bound)}",
         fontsize=10,
     )
     ax.grid(axis="x", linewidth=0.3)
@@ -90,9 +99,14 @@ def _figure(schedule: Schedule, nodes: Sequence[str], title: str, path: Path) ->
 
 
 def write_gantt(
-    schedule: Schedule, path: str | Path, nodes: Sequence[str], title: str = "plan"
+    schedule: Schedule,
+    path: str | Path,
+    nodes: Sequence[str],
+    title: str = "plan",
+    bound: Bound | None = None,
 ) -> Path:
-    """Draw `schedule` with one lane per node of `nodes` (idle ones too) into `path`.
+    """Draw `schedule` with one lane per node of `nodes` (idle ones too) into `path`, with
+    `bound` and its source as the lower bound (default: the schedule's, unnamed).
 
     Raises:
         GanttError: the suffix is not .svg/.png/.html, matplotlib is missing, or the file cannot
@@ -104,12 +118,13 @@ def write_gantt(
         raise GanttError(
             f"{target}: unknown chart format {suffix or '(none)'}; use .svg, .png or .html"
         )
-    plt, fig = _figure(schedule, nodes, title, target)
+    plt, fig = _figure(schedule, nodes, title, target, bound)
     try:
         if suffix == ".html":
             buffer = io.StringIO()
             fig.savefig(buffer, format="svg", metadata={"Date": None})
-            target.write_text(_html(schedule, title, buffer.getvalue()), encoding="utf-8")
+            page = _html(schedule, title, buffer.getvalue(), _bound_text(schedule, bound))
+            target.write_text(page, encoding="utf-8")
         else:
             # No date stamp: a chart redrawn from the same plan is the same file.
             fig.savefig(target, format=suffix[1:], metadata={"Date": None})
@@ -120,7 +135,7 @@ def write_gantt(
     return target
 
 
-def _html(schedule: Schedule, title: str, svg: str) -> str:
+def _html(schedule: Schedule, title: str, svg: str, bound_text: str) -> str:
     # matplotlib's SVG starts with an XML prolog and DOCTYPE, which are not allowed inline.
     inline = svg[svg.index("<svg") :]
     rows = "\n".join(
@@ -134,8 +149,7 @@ def _html(schedule: Schedule, title: str, svg: str) -> str:
         f"<title>{name}</title>"
         "<style>body{font-family:sans-serif}td,th{padding:2px 10px;text-align:left}</style>"
         f"</head><body><h1>{name}</h1>\n{inline}\n"
-        f"<p>makespan {_hours(schedule.makespan_s)}, lower bound "
-        f"{_hours(schedule.lower_bound_s)}</p>\n"
+        f"<p>makespan {_hours(schedule.makespan_s)}, {html.escape(bound_text)}</p>\n"
         "<table><tr><th>start</th><th>end</th><th>node</th><th>build</th></tr>\n"
         f"{rows}\n</table></body></html>\n"
     )

@@ -38,7 +38,7 @@ from rocm_assets.core.placement import (
     plan,
     validate_schedule,
 )
-from rocm_assets.core.placement.bounds import lower_bounds
+from rocm_assets.core.placement.bounds import Bound, best_bound
 from rocm_assets.core.placement.farm import FarmState, FollowSettings, solver_budget_s
 from rocm_assets.core.placement.follow import COORDINATOR_STRATEGY, PlanFollower
 from rocm_assets.core.placement.runners import InlineSolver
@@ -85,10 +85,10 @@ def _probed_nodes(fleet: Fleet, probe: bool) -> tuple[list[NodeProbe], list[Node
 
 def _coordinator_plan(
     problem: Problem, deps: dict[Build, frozenset[Build]], time_limit_s: float | None
-) -> tuple[Schedule, dict[str, Any]]:
+) -> tuple[Schedule, Bound, dict[str, Any]]:
     """The plan the run coordinator would follow for this request on an idle farm: its first
     plan, the solver's part included within its budget (wall-clock seconds here), capped by
-    `time_limit_s` when given."""
+    `time_limit_s` when given; and the best bound known, its solve's when that proved more."""
     settings = FollowSettings()
     if time_limit_s is not None:
         settings = replace(
@@ -112,11 +112,16 @@ def _coordinator_plan(
         ),
         key=lambda a: (a.start_s, a.node, a.build),
     )
-    schedule = Schedule(
-        view.strategy, tuple(assignments), view.makespan_s, lower_bounds(problem).best
-    )
+    # The farm is idle at 0, so the view's absolute bound is one from the plan's start.
+    bound = best_bound(problem, view.proven_bound_s)
+    schedule = Schedule(view.strategy, tuple(assignments), view.makespan_s, bound.value_s)
     budget = solver_budget_s(len(problem.builds), settings)
-    return schedule, {"solver": view.solver, "solver_budget_s": round(budget, 3)}
+    proven = None if view.proven_bound_s is None else round(view.proven_bound_s, 3)
+    return (
+        schedule,
+        bound,
+        {"solver": view.solver, "solver_budget_s": round(budget, 3), "proven_bound_s": proven},
+    )
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
@@ -128,15 +133,14 @@ def cmd_plan(args: argparse.Namespace) -> int:
     extra: dict[str, Any] = {}
     try:
         if args.strategy == COORDINATOR_STRATEGY:
-            schedule, extra[COORDINATOR_STRATEGY] = _coordinator_plan(
+            schedule, bound, extra[COORDINATOR_STRATEGY] = _coordinator_plan(
                 problem, deps, args.time_limit
             )
-            bound = schedule.lower_bound_s
         elif args.strategy == SOLVER_STRATEGY:
             limit = DEFAULT_TIME_LIMIT_S if args.time_limit is None else args.time_limit
             result = solve(problem, limit)
-            schedule = result.schedule
-            bound = max(schedule.lower_bound_s, result.proven_bound_s)
+            bound = best_bound(problem, result.proven_bound_s)
+            schedule = replace(result.schedule, lower_bound_s=bound.value_s)
             extra["solver"] = {
                 "status": result.status,
                 "proven_bound_s": round(result.proven_bound_s, 3),
@@ -146,13 +150,17 @@ def cmd_plan(args: argparse.Namespace) -> int:
             }
         else:
             schedule = plan(problem, args.strategy)
-            bound = schedule.lower_bound_s
+            bound = best_bound(problem)
         errors = validate_schedule(problem, schedule)
         if errors:
             raise CliError(f"the {schedule.strategy} plan is invalid: {errors[0]}")
         if args.gantt:
             write_gantt(
-                schedule, args.gantt, [n.name for n in fleet.nodes], title="rocm-assets plan"
+                schedule,
+                args.gantt,
+                [n.name for n in fleet.nodes],
+                title="rocm-assets plan",
+                bound=bound,
             )
             warn(f"wrote {args.gantt}")
     except (PlacementError, SolverError, GanttError) as exc:
@@ -170,7 +178,9 @@ def cmd_plan(args: argparse.Namespace) -> int:
         data = {
             "strategy": schedule.strategy,
             "makespan_s": round(schedule.makespan_s, 3),
-            "lower_bound_s": round(bound, 3),
+            "lower_bound_s": round(bound.value_s, 3),
+            # What proved it: path, work or stage (placement's static bounds) or solver (CP-SAT).
+            "lower_bound_source": bound.source,
             "builds": [
                 {
                     "target": a.build.target,
@@ -190,10 +200,11 @@ def cmd_plan(args: argparse.Namespace) -> int:
     out(f"{'start':>9}  {'end':>9}  {'node':<{width}}  build")
     for a in schedule.assignments:
         out(f"{duration(a.start_s):>9}  {duration(a.end_s):>9}  {a.node:<{width}}  {a.build}")
-    ratio = schedule.makespan_s / bound if bound > 0 else 1.0
+    ratio = schedule.makespan_s / bound.value_s if bound.value_s > 0 else 1.0
     out(
         f"{len(schedule.assignments)} builds on {len(nodes)} nodes, strategy {schedule.strategy}: "
-        f"makespan {duration(schedule.makespan_s)}, lower bound {duration(bound)} ({ratio:.3f}x)"
+        f"makespan {duration(schedule.makespan_s)}, lower bound {duration(bound.value_s)} "
+        f"({bound.label}; {ratio:.3f}x)"
     )
     if "solver" in extra:
         out(f"solver: {extra['solver']['status']}, gap {100 * extra['solver']['gap']:.1f}%")

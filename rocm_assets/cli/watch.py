@@ -18,7 +18,6 @@ frame to show the answer in.
 """
 
 import argparse
-import json
 import os
 import shutil
 import sys
@@ -48,8 +47,8 @@ from rocm_assets.core.common.constants import (
 from rocm_assets.core.common.timefmt import duration, from_iso
 from rocm_assets.core.nodes.fleet import Fleet, Node, load_fleet
 from rocm_assets.core.nodes.probes import NodeProbe, ProbeCache, probe_fleet
-from rocm_assets.instance.placer import PLAN_KEY
 from rocm_assets.instance.runs import IN_FLIGHT_STATUSES
+from rocm_assets.instance.stored_plan import PLAN_KEY, PlanUnreadable, read_plan
 
 BAR_WIDTH = 20
 PROBE_INTERVAL_S = 30.0
@@ -181,8 +180,10 @@ def render(
     url: str,
     probes: Mapping[str, NodeProbe] | None = None,
     plan: Mapping[str, Any] | None = None,
+    plan_unreadable: str | None = None,
 ) -> list[str]:
-    """One frame: a header, a line per node (with its reachability), the plan, then the queue."""
+    """One frame: a header, a line per node (with its reachability), the plan (or why it cannot
+    be read), then the queue."""
     builds = build_runs(records)
     holding = [b for b in builds if b.node and not b.waiting]
     queued = [b for b in builds if b.waiting]
@@ -220,6 +221,10 @@ def render(
             lines.append(f"  {'':<{node_w}}  {'':<{state_w}}  ({reason})")
     if plan and queued:
         lines.extend(plan_lines(plan, now))
+    if plan_unreadable:
+        lines.append(
+            f"plan: unreadable ({plan_unreadable}); the daemon stores a new one when it next plans"
+        )
     lines.append(f"queue ({len(queued)} waiting)" + (":" if queued else ""))
     names = [f"{b.target}@{b.arch}" if b.arch else b.target for b in queued]
     reasons = [b.waiting_for or "waiting for placement" for b in queued]
@@ -242,11 +247,14 @@ def frame(
 ) -> list[str]:
     records = instance.get_run_records(dg.RunsFilter(statuses=list(IN_FLIGHT_STATUSES)))
     stored = instance.run_storage.get_cursor_values({PLAN_KEY}).get(PLAN_KEY)
-    try:
-        plan = json.loads(stored) if stored else None
-    except ValueError:
-        plan = None  # a plan from another version: the queue still shows
-    return render(records, fleet.nodes, now, url, probes, plan if isinstance(plan, dict) else None)
+    plan, unreadable = None, None
+    if stored:
+        try:
+            plan = read_plan(stored)
+        except PlanUnreadable as exc:
+            # Overwritten, or from another version: said, and the nodes and queue still show.
+            unreadable = str(exc)
+    return render(records, fleet.nodes, now, url, probes, plan, unreadable)
 
 
 def _fit(lines: Sequence[str], width: int) -> str:

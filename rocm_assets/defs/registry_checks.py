@@ -8,6 +8,7 @@ executes it after the build (the tags must hold what was pushed); the observatio
 it runless when the two start or stop disagreeing, e.g. after a push outside Dagster.
 """
 
+import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -16,9 +17,11 @@ import dagster as dg
 
 from rocm_assets.core.bake import BakeGraph
 from rocm_assets.core.build.builds import Build, builds_for
+from rocm_assets.core.build.invocation import REGISTRY_RETRY_S, retry_delay
 from rocm_assets.core.common.constants import NOARCH, REGISTRY_DIGEST_CHECK, ROCM_PREFLIGHT_TAG
+from rocm_assets.core.common.timefmt import duration
 from rocm_assets.core.registry.client import ImageInfo, RegistryClient, RegistryError
-from rocm_assets.core.registry.preflight import preflight
+from rocm_assets.core.registry.preflight import PreflightReport, preflight
 from rocm_assets.defs.resources.registry import RegistryResource
 
 # Dagster's event tag for a data version (an AssetObservation has no data_version argument).
@@ -244,14 +247,7 @@ def preflight_run(
     if run is not None and run.tags.get(ROCM_PREFLIGHT_TAG) == run_id:
         return
     builds = run_builds(context, graph)
-    try:
-        with registry.client(warn=context.log.warning) as client:
-            _same_registry(graph, builds, client)
-            report = preflight(graph, builds, client)
-    except RegistryError as exc:
-        raise dg.Failure(
-            description=f"preflight could not check the run's inputs, no build started: {exc}"
-        ) from None
+    report = _preflight_through_outages(context, registry, graph, builds)
     if report.missing:
         lines = [m.line() for m in report.missing]
         raise dg.Failure(
@@ -263,6 +259,37 @@ def preflight_run(
         )
     context.log.info(report.summary())
     context.instance.add_run_tags(run_id, {ROCM_PREFLIGHT_TAG: run_id})
+
+
+def _preflight_through_outages(
+    context: dg.AssetExecutionContext,
+    registry: RegistryResource,
+    graph: BakeGraph,
+    builds: list[Build],
+) -> PreflightReport:
+    """The preflight; a registry that cannot be reached or answers 5xx is asked again, as a
+    bake's push is (`run_bake`), so a run placed during an outage under the bound still builds."""
+    first_failure: float | None = None
+    attempt = 0
+    while True:
+        try:
+            with registry.client(warn=context.log.warning) as client:
+                _same_registry(graph, builds, client)
+                return preflight(graph, builds, client)
+        except RegistryError as exc:
+            now = time.monotonic()
+            first_failure = first_failure or now
+            attempt += 1
+            delay = retry_delay(attempt)
+            if not exc.transient or now + delay - first_failure > REGISTRY_RETRY_S:
+                raise dg.Failure(
+                    description=f"preflight could not check the run's inputs, no build started: {exc}"
+                ) from None
+            context.log.warning(
+                f"preflight could not reach the registry ({exc}); attempt {attempt + 1} in "
+                f"{delay:.0f}s, retried for {duration(REGISTRY_RETRY_S)} after the first failure"
+            )
+            time.sleep(delay)
 
 
 def _same_registry(graph: BakeGraph, builds: list[Build], client: RegistryClient) -> None:

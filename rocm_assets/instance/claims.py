@@ -159,27 +159,33 @@ def _release(storage: SqlEventLogStorage, run_id: str, pool: str | None = None) 
 
 
 def release_run(instance: dg.DagsterInstance, run_id: str) -> int:
-    """Free every builder `run_id` holds; the number freed."""
-    return _release(_storage(instance), run_id)
-
-
-def release_finished(instance: dg.DagsterInstance) -> list[tuple[str, str]]:
-    """Free claims whose run has finished or no longer exists; the (builder, run_id) freed."""
-    storage = _storage(instance)
-    held = claims(instance)
-    if not held:
-        return []
-    records = instance.get_run_records(dg.RunsFilter(run_ids=sorted(set(held.values()))))
-    status = {record.dagster_run.run_id: record.dagster_run.status for record in records}
-    freed = []
-    for builder, run_id in sorted(held.items()):
-        # A run claims only after it is stored, so a missing run was deleted, not yet to come.
-        if run_id in status and status[run_id] not in FINISHED_STATUSES:
-            continue
-        # Conditional on the run id: a claim taken since `claims` read is left alone.
-        if _release(storage, run_id, builder_pool(builder)):
-            freed.append((builder, run_id))
+    """Free every builder `run_id` holds, and end its lease; the number freed."""
+    freed = _release(_storage(instance), run_id)
+    end_lease(instance, run_id)
     return freed
+
+
+def release_claim(instance: dg.DagsterInstance, builder: str, run_id: str) -> bool:
+    """Free `builder` if `run_id` holds it, and end the run's lease; whether it did (a claim
+    taken since is left alone)."""
+    if _release(_storage(instance), run_id, builder_pool(builder)) > 0:
+        end_lease(instance, run_id)
+        return True
+    return False
+
+
+def keep_from_dagster(instance: dg.DagsterInstance, run_id: str) -> None:
+    """Take `run_id`'s claims out of Dagster's own sweep: their slots stay held, their pending-
+    step rows go, so only `release_claim` or `release_run` frees them (the daemon's drain holds a
+    builder while the bake of an ended run may still run there: rocm_assets.instance.drain)."""
+    with _storage(instance).index_transaction() as conn:
+        conn.execute(
+            _pending.delete().where(
+                _pending.c.run_id == run_id,
+                _pending.c.step_key == CLAIM_STEP_KEY,
+                _pending.c.concurrency_key.startswith(BUILDER_POOL_PREFIX),
+            )
+        )
 
 
 # A run that holds (or waits for) a builder renews its lease in the instance's key-value store
@@ -190,6 +196,12 @@ LEASE_KEY_PREFIX = "rocm/lease/"
 
 def renew_lease(instance: dg.DagsterInstance, run_id: str, now: float) -> None:
     instance.run_storage.set_cursor_values({f"{LEASE_KEY_PREFIX}{run_id}": repr(now)})
+
+
+def end_lease(instance: dg.DagsterInstance, run_id: str) -> None:
+    """The run holds nothing any more: its lease is blanked (the store has no delete), which
+    `leases` reads as none."""
+    instance.run_storage.set_cursor_values({f"{LEASE_KEY_PREFIX}{run_id}": ""})
 
 
 def leases(instance: dg.DagsterInstance, run_ids: Iterable[str]) -> dict[str, float]:

@@ -53,7 +53,8 @@ from rocm_assets.instance.dagster_internals import (
     called_by_run_queue_daemon,
     subset_run,
 )
-from rocm_assets.instance.placer import FarmFiles, Placer, PlacerSettings
+from rocm_assets.instance.farm_files import FarmFiles
+from rocm_assets.instance.placer import Placer, PlacerSettings
 from rocm_assets.instance.runs import IN_FLIGHT_STATUSES, builds_of_run
 
 logger = logging.getLogger("rocm_assets.instance")
@@ -96,6 +97,7 @@ class PlacementRunCoordinator(dg.QueuedRunCoordinator):
         probe_nodes: bool = _PLACER.probe_nodes,
         lease_seconds: int = int(_PLACER.lease_seconds),
         input_wait_seconds: int = int(_PLACER.input_wait_seconds),
+        bake_end_wait_seconds: int = int(_PLACER.bake_end_wait_seconds),
         **kwargs: Any,
     ):
         super().__init__(**kwargs)
@@ -120,6 +122,7 @@ class PlacementRunCoordinator(dg.QueuedRunCoordinator):
             probe_nodes=probe_nodes,
             lease_seconds=float(lease_seconds),
             input_wait_seconds=float(input_wait_seconds),
+            bake_end_wait_seconds=float(bake_end_wait_seconds),
         )
         self._placer: Placer | None = None
 
@@ -211,7 +214,15 @@ class PlacementRunCoordinator(dg.QueuedRunCoordinator):
                 dg.IntSource,
                 default_value=int(_PLACER.input_wait_seconds),
                 description="How long a build waits on an input whose last run failed or was "
-                "cancelled (for someone to rebuild it) before it fails, naming the input.",
+                "cancelled (for someone to rebuild it) before it fails, naming the input and "
+                "that run. Default 0: it fails at once, so nothing queues behind a failed input.",
+            ),
+            "bake_end_wait_seconds": dg.Field(
+                dg.IntSource,
+                default_value=int(_PLACER.bake_end_wait_seconds),
+                description="A run that ended still holding its builder (its worker died "
+                "mid-bake) keeps it until the builder's BuildKit history shows no running build "
+                "of the run, or for this long at most, when the builder is freed anyway.",
             ),
         }
 

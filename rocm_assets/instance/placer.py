@@ -17,14 +17,14 @@ import logging
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import dagster as dg
 
 from rocm_assets.core import placement
-from rocm_assets.core.bake import BakeError, BakeGraph, load_graph
+from rocm_assets.core.bake import BakeError, BakeGraph
 from rocm_assets.core.build.builds import Build, build_deps
+from rocm_assets.core.build.guard import GRACE_S
 from rocm_assets.core.common.constants import (
     PLACEMENT_PLACED,
     PLACEMENT_WAITING,
@@ -38,27 +38,32 @@ from rocm_assets.core.common.constants import (
     ROCM_REFUSED_TAG,
     ROCM_WAITING_FOR_TAG,
 )
-from rocm_assets.core.common.settings import bake_file_path
 from rocm_assets.core.common.timefmt import duration, from_iso, to_iso
-from rocm_assets.core.nodes.fleet import Fleet, FleetError, fleet_path, load_fleet
+from rocm_assets.core.nodes.fleet import Fleet, FleetError
 from rocm_assets.core.nodes.probes import ProbeCache
 from rocm_assets.core.placement.farm import FarmState, FollowSettings, PlanView, Running
 from rocm_assets.core.placement.follow import COORDINATOR_STRATEGY, PlanFollower
 from rocm_assets.core.placement.runners import ThreadSolver
 from rocm_assets.core.registry.preflight import materialize_command
 from rocm_assets.instance import claims
+from rocm_assets.instance.drain import BakeDrain
+from rocm_assets.instance.farm_files import FarmFiles
 from rocm_assets.instance.history import finished_builds, measured_durations
 from rocm_assets.instance.runs import IN_FLIGHT_STATUSES, builds_of_run
+from rocm_assets.instance.stored_plan import PLAN_KEY, PlanUnreadable, plan_json, read_plan
 
 logger = logging.getLogger("rocm_assets.instance")
 
 _MEASURED_TTL_S = 300.0
+# How long a cancelled bake is expected to take to end: the bake guard's grace, and some.
+_ENDING_BAKE_S = GRACE_S + 10.0
 
 
-# Where the followed plan is kept for `rocm-assets watch`: the instance's key-value store.
-PLAN_KEY = "rocm/plan"
 # A waiting run's estimated start is rewritten only when it moved by more than this.
 _EST_TAG_SLACK_S = 60.0
+# A tick tags a run placed right after claiming its builder; a claim left untagged this long
+# was made by a tick that died.
+_UNTAGGED_CLAIM_GRACE_S = 30.0
 
 
 @dataclass(frozen=True)
@@ -72,37 +77,12 @@ class PlacerSettings:
     probe_nodes: bool = True
     # A started run whose worker has not renewed its claim's lease for this long is dead.
     lease_seconds: float = 300.0
-    # How long a build waits on an input whose last run failed or was cancelled before failing.
-    input_wait_seconds: float = 1800.0
-
-
-@dataclass
-class FarmFiles:
-    """The bake and fleet files, re-read when their mtime changes."""
-
-    bake_file: str | None
-    fleet_file: str | None
-    cache: dict[str, tuple[float, Any]] = field(default_factory=dict)
-
-    def _load(self, path: Path, loader: Any) -> Any:
-        mtime = path.stat().st_mtime if path.exists() else -1.0
-        cached = self.cache.get(str(path))
-        if cached is None or cached[0] != mtime:
-            try:
-                cached = (mtime, loader(path))
-            except (BakeError, FleetError) as exc:
-                # A bad file stays bad until it is saved again: not re-parsed every tick.
-                cached = (mtime, exc)
-            self.cache[str(path)] = cached
-        if isinstance(cached[1], BakeError | FleetError):
-            raise cached[1].with_traceback(None)  # a fresh traceback each tick, none kept
-        return cached[1]
-
-    def graph(self) -> BakeGraph:
-        return self._load(bake_file_path(self.bake_file), load_graph)
-
-    def fleet(self) -> Fleet:
-        return self._load(fleet_path(self.fleet_file), load_fleet)
+    # How long a build waits on an input whose last run failed or was cancelled before failing;
+    # 0: it fails at once, naming the input and that run.
+    input_wait_seconds: float = 0.0
+    # The longest a run that ended holding its builder keeps it while BuildKit still shows its
+    # bake running there (or cannot be read).
+    bake_end_wait_seconds: float = 60.0
 
 
 @dataclass
@@ -144,6 +124,10 @@ class Placer:
         self._last_error: str | None = None
         self._follower: PlanFollower | None = None
         self._stored_plan: tuple[object, ...] | None = None
+        # The plan text this daemon last stored, and the last unreadable one it found instead.
+        self._written: str | None = None
+        self._unreadable: str | None = None
+        self._drain = BakeDrain(instance, settings.bake_end_wait_seconds)
 
     def _measured_durations(
         self, graph: BakeGraph, fleet: Fleet
@@ -155,6 +139,7 @@ class Placer:
         return cached
 
     def close(self) -> None:
+        self._drain.close()
         if self._follower is not None:
             self._follower.close()
 
@@ -181,11 +166,11 @@ class Placer:
         except (BakeError, FleetError, OSError) as exc:
             self._hold_everything(f"cannot read the farm's files, nothing is placed: {exc}")
             return None
+        self._check_stored_plan()
         if self.settings.probe_nodes:
             self._probes.watch(fleet)
         claims.ensure_builder_pools(self._instance, {n.builder for n in fleet.nodes})
-        for builder, run_id in claims.release_finished(self._instance):
-            logger.info("freed builder %s: run %s has ended", builder, run_id)
+        self._drain.sweep(now)
         farm = self._read_farm(graph, fleet, now)
         if not farm.waiting:
             return None
@@ -209,6 +194,13 @@ class Placer:
         held_back = self._hold_for_unpublished(farm, deps, failed, graph, now)
         pending = {b: deps[b] for b in farm.waiting if b not in held_back}
         nodes = [n for n in fleet.nodes if n.name not in excluded]
+        if not nodes and excluded:
+            down = "; ".join(f"{n}: {why}" for n, why in sorted(excluded.items()))
+            for build in pending:
+                self._tag_waiting(
+                    farm.waiting[build].run, f"no build node answers its probe ({down})"
+                )
+            return None
         if self.settings.strategy == COORDINATOR_STRATEGY:
             decision = self._follow(farm, pending, nodes, cost, built_on, failed, held_back, now)
         else:
@@ -296,7 +288,25 @@ class Placer:
         if key == self._stored_plan:
             return
         self._stored_plan = key
-        self._instance.run_storage.set_cursor_values({PLAN_KEY: json.dumps(plan_json(view))})
+        self._written = json.dumps(plan_json(view))
+        self._instance.run_storage.set_cursor_values({PLAN_KEY: self._written})
+
+    def _check_stored_plan(self) -> None:
+        """A stored plan this daemon did not write and nobody can read (overwritten by hand or
+        by another version): said once, and the plan is made again and stored over it."""
+        stored = self._instance.run_storage.get_cursor_values({PLAN_KEY}).get(PLAN_KEY)
+        if stored is None or stored in (self._written, self._unreadable):
+            return
+        try:
+            read_plan(stored)
+        except PlanUnreadable as exc:
+            self._unreadable = stored
+            self._stored_plan = None
+            logger.warning(
+                "placement: the stored plan %s is unreadable, re-planning: %s", PLAN_KEY, exc
+            )
+            if self._follower is not None:
+                self._follower.replan(f"the stored plan was unreadable: {exc}")
 
     def _read_farm(self, graph: BakeGraph, fleet: Fleet, now: float) -> _Farm:
         """Runs in flight, sorted into waiting builds and builds holding a machine."""
@@ -305,12 +315,14 @@ class Placer:
         holder_of = {run_id: builder for builder, run_id in held.items()}
         by_builder = {n.builder: n for n in fleet.nodes}
         records = self._instance.get_run_records(dg.RunsFilter(statuses=list(IN_FLIGHT_STATUSES)))
-        started = [
+        # Started runs renew their lease; a queued one has one from the tick that claimed for it.
+        leased = [
             r.dagster_run.run_id
             for r in records
             if r.dagster_run.status == dg.DagsterRunStatus.STARTED
+            or r.dagster_run.run_id in holder_of
         ]
-        lease = claims.leases(self._instance, started)
+        lease = claims.leases(self._instance, leased)
         seen: dict[Build, str] = {}
         fleet_cost = placement.CostModel(fleet)
         for record in records:
@@ -318,6 +330,11 @@ class Placer:
             if run.status != dg.DagsterRunStatus.QUEUED:
                 farm.in_progress += 1
             builder = holder_of.get(run.run_id)
+            if builder is not None and self._claimed_by_a_dead_tick(
+                run, lease.get(run.run_id), now
+            ):
+                self._undo_claim(run, builder)
+                builder = None
             alive = self._alive(record, lease.get(run.run_id), now)
             if builder is not None and not alive:
                 self._expire(run, builder)
@@ -360,6 +377,12 @@ class Placer:
                 self._tag_waiting(run, f"the same build is in run {other[:8]}; this one waits")
                 continue
             farm.waiting[build] = _Waiting(run, build, in_process)
+        # A machine an ended run still holds: its bake is ending there (the drain frees it).
+        for builder, (run_id, ended) in self._drain.draining().items():
+            node = by_builder.get(builder)
+            name = node.name if node is not None else f"builder:{builder}"
+            end = max(ended + _ENDING_BAKE_S, now + 1.0)
+            farm.running[Build(f"run:{run_id}")] = (name, ended, end)
         # A build both running and waiting: the waiting request runs after it.
         for build in [b for b in farm.waiting if b in farm.running]:
             run = farm.waiting.pop(build).run
@@ -379,6 +402,24 @@ class Placer:
             return True  # queued runs wait; run monitoring watches starting ones
         last = max(lease or 0.0, record.start_time or record.create_timestamp.timestamp())
         return now - last <= self.settings.lease_seconds
+
+    def _claimed_by_a_dead_tick(self, run: dg.DagsterRun, lease: float | None, now: float) -> bool:
+        """A queued run holds a builder it was never tagged placed on: the tick that claimed it
+        died (the daemon was killed) between the claim and the tags. A live tick tags at once."""
+        return (
+            run.status == dg.DagsterRunStatus.QUEUED
+            and run.tags.get(ROCM_PLACEMENT_TAG) != PLACEMENT_PLACED
+            and now - (lease or 0.0) > _UNTAGGED_CLAIM_GRACE_S
+        )
+
+    def _undo_claim(self, run: dg.DagsterRun, builder: str) -> None:
+        claims.release_run(self._instance, run.run_id)
+        message = (
+            f"builder {builder} was claimed for this run by a placement that never finished "
+            "(the daemon died): the claim is undone and the run placed afresh"
+        )
+        logger.warning("run %s: %s", run.run_id, message)
+        self.event(run, message)
 
     def _expire(self, run: dg.DagsterRun, builder: str) -> None:
         claims.release_run(self._instance, run.run_id)
@@ -433,10 +474,12 @@ class Placer:
                     waiting.run, f"waits for {dep} to be rebuilt: {reason} ({command})"
                 )
                 continue
-            message = (
-                f"input {dep} is not published: {reason} and nothing rebuilt it within "
-                f"{duration(self.settings.input_wait_seconds)}; build it with: {command}"
+            waited = (
+                f" and nothing rebuilt it within {duration(self.settings.input_wait_seconds)}"
+                if self.settings.input_wait_seconds > 0
+                else ""
             )
+            message = f"input {dep} is not published: {reason}{waited}; build it with: {command}"
             self._contain(waiting.run, self._refuse, waiting, message)
         # What waits on a held build waits too: a held build is not published either.
         grew = True
@@ -539,19 +582,3 @@ class Placer:
 
     def event(self, run: dg.DagsterRun, message: str) -> None:
         self._instance.report_engine_event(message, run)
-
-
-def plan_json(view: PlanView) -> dict[str, Any]:
-    """The followed plan as `rocm-assets watch` reads it (PLAN_KEY)."""
-    return {
-        "strategy": view.strategy,
-        "generation": view.generation,
-        "made_at": view.made_s,
-        "expected_finish": view.makespan_s,
-        "reason": view.reason,
-        "solver": view.solver,
-        "queues": {
-            node: [[str(p.build), p.est_start_s, p.est_finish_s] for p in planned]
-            for node, planned in view.queues.items()
-        },
-    }

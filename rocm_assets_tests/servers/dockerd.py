@@ -222,7 +222,8 @@ def _time(text: str) -> datetime:
     # BuildKit writes RFC 3339 with nanoseconds; Python reads microseconds.
     head, dot, rest = text.replace("Z", "+00:00").partition(".")
     if dot:
-        digits = "".join(c for c in rest if c.isdigit())
+        # The fraction's digits only: the zone after them has digits too.
+        digits = rest[: len(rest) - len(rest.lstrip("0123456789"))]
         zone = rest[len(digits) :]
         head = f"{head}.{digits[:6]}{zone}"
     return datetime.fromisoformat(head)

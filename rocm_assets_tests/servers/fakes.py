@@ -496,6 +496,21 @@ class RegistryServer:
             self.process.kill()
             self.process.wait(timeout=10)
 
+    def restart(self) -> None:
+        """Serve again after `stop`, on the same port with the same storage: an outage ends."""
+        with self.log_path.open("ab") as log:
+            self.process = subprocess.Popen(
+                [str(DOCKER_REGISTRY), "serve", str(self.root / "config.yml")],
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+            )
+        if not _wait_ready(self):
+            last = self.stderr_tail().splitlines()[-1]
+            raise LocalRegistryError(
+                f"{DOCKER_REGISTRY} did not start again on {self.host}: {last}"
+            )
+
 
 def _sha256(data: bytes) -> str:
     return "sha256:" + hashlib.sha256(data).hexdigest()

@@ -26,9 +26,10 @@ strategies do not see; the static plans are then followed blindly.
 The issues' targets are judged in `targets.py`; the command exits 1 naming each one not met.
 
 Overheads (`overhead.py`): the placement decision for 1,000 queued builds on 50 nodes (the
-coordinator's following tick, and each strategy's whole-DAG decision), and the
+coordinator's following tick, and each strategy's whole-DAG decision), the
 code location's load (parse + evaluate the bake file + build Definitions) over a bare
-`import dagster`, in fresh interpreters. The registry observation tick is a pytest-benchmark
+`import dagster`, in fresh interpreters, and the event records of one run whose bake prints
+100,000 lines (`bake_output`). The registry observation tick is a pytest-benchmark
 (`rocm_assets_tests/bench_registry_tick.py`), beside the registries it needs.
 """
 

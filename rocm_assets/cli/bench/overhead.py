@@ -1,4 +1,5 @@
-"""The farm's own overhead: the coordinator's decision time and the code location's load.
+"""The farm's own overhead: the coordinator's decision time, the code location's load, and the
+event records a 100k-line bake writes to its run's event log.
 
 The registry observation tick is measured by the test suite's benchmarks
 (`rocm_assets_tests/bench_registry_tick.py`), against the real docker-registry and the Zot fake
@@ -36,6 +37,8 @@ from rocm_assets.core.placement.runners import InlineSolver
 # Issue 12: one following tick of the coordinator; issue 6: the code location's load.
 TARGET_TICK_S = 0.010
 TARGET_LOAD_S = 0.5
+# Issue 24: about what a PyTorch bake prints.
+BAKE_LINES = 100_000
 
 
 @dataclass(frozen=True)
@@ -178,7 +181,24 @@ def load_overhead(ctx: OverheadContext) -> dict[str, Any]:
     }
 
 
+def bake_output_overhead(ctx: OverheadContext) -> dict[str, Any]:
+    """Event records per 100k-line build: one Dagster run whose bake prints BAKE_LINES lines,
+    in a fresh interpreter (`bake_output`), and the lines its compute log kept."""
+    done = subprocess.run(
+        [sys.executable, "-m", "rocm_assets.cli.bench.bake_output", str(BAKE_LINES)],
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=600,
+    )
+    if done.returncode != 0:
+        last = (done.stderr.strip().splitlines() or ["no output"])[-1]
+        raise CliError(f"the bake output run failed: {last}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
 OVERHEADS: dict[str, Callable[[OverheadContext], dict[str, Any]]] = {
     "placement_decision": decision_overhead,
     "code_location_load": load_overhead,
+    "bake_output": bake_output_overhead,
 }

@@ -5,6 +5,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from rocm_assets.core.common.timefmt import duration
+from rocm_assets.core.placement.bounds import BOUND_SOURCES
 
 _COLUMNS = ("median", "worst", "x LB med", "x LB worst", "x greedy med", "x greedy worst")
 # With noise the bounds (of the estimates) do not hold: ratios to noisy greedy only.
@@ -90,12 +91,19 @@ def _noisy_heading(summary: Mapping[str, Any]) -> str:
     )
 
 
+def _bound_line(summary: Mapping[str, Any]) -> str:
+    """Which bound "x LB" divides by, per instance: the best known, as `plan` reports it."""
+    counts = ", ".join(f"{BOUND_SOURCES[k]} {n}" for k, n in summary["bound_sources"].items())
+    return f"  x LB: over each instance's best bound ({counts})"
+
+
 def text_report(doc: Mapping[str, Any]) -> str:
     lines = []
     for summary in doc["scenarios"]:
         lines.append(_heading(summary))
         lines.append(_line(("strategy", *_COLUMNS)))
         lines.extend(_line(row) for row in _rows(summary))
+        lines.append(_bound_line(summary))
         lines.append(_noisy_heading(summary))
         lines.append(_line(("strategy", *_NOISY_COLUMNS), _NOISY_WIDTHS))
         lines.extend(_line(row, _NOISY_WIDTHS) for row in _noisy_rows(summary))

@@ -1,13 +1,14 @@
 """One instance under every strategy, with and without noise, and a scenario's tables."""
 
 import statistics
+from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
 from rocm_assets.cli.bench.scenarios import Instance, Scenario
 from rocm_assets.core.placement import STRATEGIES, Build, Problem, Schedule, plan
-from rocm_assets.core.placement.bounds import lower_bounds
+from rocm_assets.core.placement.bounds import Bound, best_bound, lower_bounds
 from rocm_assets.core.placement.farm import FollowSettings
 from rocm_assets.core.placement.follow import COORDINATOR_STRATEGY as COORDINATOR
 from rocm_assets.core.placement.runners import InlineSolver, SolveOutcome, SolveRequest, run_request
@@ -42,14 +43,15 @@ _REL_TOL = 1e-6
 class Outcome:
     """One instance's figures: simulated makespan per strategy, static plan makespans.
 
-    `lower_bound_s` is placement's (path, work, stage); `bound_s` the best proven one, the
-    solver's when it proved more.
+    `lower_bound_s` is placement's (path, work, stage); `bound` the best one known (`plan`'s):
+    the solver's when it proved more, with its source.
     """
 
     name: str
     builds: int
     nodes: int
     lower_bound_s: float
+    bound: Bound
     makespan_s: dict[str, float]
     noisy_makespan_s: dict[str, list[float]]
     plan_s: dict[str, float]
@@ -59,7 +61,7 @@ class Outcome:
 
     @property
     def bound_s(self) -> float:
-        return max(self.lower_bound_s, self.solver.proven_bound_s)
+        return self.bound.value_s
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -68,6 +70,7 @@ class Outcome:
             "nodes": self.nodes,
             "lower_bound_s": round(self.lower_bound_s, 1),
             "bound_s": round(self.bound_s, 1),
+            "bound_source": self.bound.source,
             "makespan_s": {k: round(v, 1) for k, v in self.makespan_s.items()},
             "noisy_makespan_s": {
                 k: [round(x, 1) for x in v] for k, v in self.noisy_makespan_s.items()
@@ -225,6 +228,7 @@ def run_instance(
         builds=len(problem.builds),
         nodes=len(problem.nodes),
         lower_bound_s=lower_bounds(problem).best,
+        bound=best_bound(problem, result.proven_bound_s),
         makespan_s={name: s.makespan_s for name, s in schedules.items()},
         noisy_makespan_s=noisy,
         plan_s={name: s.makespan_s for name, s in plans.items()},
@@ -332,6 +336,8 @@ def summarize(scenario: Scenario, outcomes: Sequence[Outcome]) -> dict[str, Any]
         "bound_over_lower_bound_median": round(
             median([o.bound_s / o.lower_bound_s for o in outcomes]), 4
         ),
+        # Which bound the "x LB" columns divide by, instance by instance: source -> count.
+        "bound_sources": dict(sorted(Counter(o.bound.source for o in outcomes).items())),
         "table": table,
         "noisy_table": noisy_table,
         "noisy_paired": paired([o.noisy_makespan_s for o in outcomes]),

@@ -153,6 +153,6 @@ def _charts(out: Path, scenario: str, instance: Instance, outcome: Outcome) -> l
     written = []
     for strategy, schedule in outcome.schedules.items():
         path = img / f"gantt-{scenario}-{strategy}.png"
-        write_gantt(schedule, path, names, title=scenario)
+        write_gantt(schedule, path, names, title=scenario, bound=outcome.bound)
         written.append(str(path.relative_to(out)))
     return written

@@ -94,6 +94,44 @@ def plugin_dirs(env: Mapping[str, str]) -> list[Path]:
     return dirs + [Path(d) for d in SYSTEM_PLUGIN_DIRS]
 
 
+def _version_text(path: Path, env: Mapping[str, str]) -> str | None:
+    """`buildx version`'s answer, remembered per binary (path, inode, size, mtime) in the cache
+    dir: asking costs a process start (50 ms) on every code-location load."""
+    try:
+        stat = path.stat()
+    except OSError:
+        return None
+    memo = (
+        cache_dir(env)
+        / "buildx-version"
+        / hashlib.sha256(
+            f"{path.resolve()}:{stat.st_ino}:{stat.st_size}:{stat.st_mtime_ns}".encode()
+        ).hexdigest()
+    )
+    with contextlib.suppress(OSError, UnicodeDecodeError):
+        return memo.read_text(encoding="utf-8")
+    try:
+        out = subprocess.run(
+            [str(path), "version"],
+            capture_output=True,
+            text=True,
+            timeout=_VERSION_TIMEOUT_S,
+            check=False,
+            env=dict(env),
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    text = out.stdout.strip()
+    if out.returncode != 0 or parse_version(text) is None:
+        return None
+    with contextlib.suppress(OSError):
+        memo.parent.mkdir(parents=True, exist_ok=True)
+        partial = memo.with_name(f".{memo.name}.{os.getpid()}")
+        partial.write_text(text, encoding="utf-8")
+        os.replace(partial, memo)
+    return text
+
+
 def find_buildx(env: Mapping[str, str] | None = None) -> Buildx | None:
     """The buildx `docker buildx` would run here (or $ROCM_BUILDX), or None when there is none."""
     env = os.environ if env is None else env
@@ -102,20 +140,10 @@ def find_buildx(env: Mapping[str, str] | None = None) -> Buildx | None:
     for path in candidates:
         if not os.access(path, os.X_OK):
             continue
-        try:
-            out = subprocess.run(
-                [str(path), "version"],
-                capture_output=True,
-                text=True,
-                timeout=_VERSION_TIMEOUT_S,
-                check=False,
-                env=dict(env),
-            )
-        except (OSError, subprocess.TimeoutExpired):
-            continue
-        version = parse_version(out.stdout)
-        if out.returncode == 0 and version:
-            return Buildx(path, version, out.stdout.strip())
+        text = _version_text(path, env)
+        version = parse_version(text) if text else None
+        if text and version:
+            return Buildx(path, version, text)
     if chosen:
         raise BakeError(f"{BUILDX_ENV}={chosen} is not a working buildx binary")
     return None

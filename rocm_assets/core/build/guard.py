@@ -91,10 +91,12 @@ def _stop(proc: subprocess.Popen[bytes]) -> None:
         os.killpg(proc.pid, signal.SIGTERM)
     while _reap() and time.monotonic() < deadline:
         time.sleep(_POLL_S)
-    for pid in _children():
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGKILL)
+    # Again and again: a child killed leaves its own children (buildx, its ssh) to the guard, and
+    # they would wait on a dead link as long as it stays down.
     while _reap():
+        for pid in _children():
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
         time.sleep(_POLL_S)
 
 

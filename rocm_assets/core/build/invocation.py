@@ -9,6 +9,7 @@ import contextlib
 import json
 import os
 import queue
+import re
 import shlex
 import shutil
 import signal
@@ -22,8 +23,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from rocm_assets.core.build import guard as bake_guard
 from rocm_assets.core.bake.buildx import find_buildx
+from rocm_assets.core.build import guard as bake_guard
 from rocm_assets.core.common.constants import (
     ARCH_VAR,
     BUILD_NAME_ARG,
@@ -34,6 +35,7 @@ from rocm_assets.core.common.constants import (
     RUN_ID_VAR,
     SCCACHE_LOG_VAR,
 )
+from rocm_assets.core.common.timefmt import duration
 
 # The caller's settings that reach bake through the environment, shown in the copyable command;
 # DOCKER_CONTEXT reaches a docker-driver node.
@@ -60,6 +62,32 @@ _NO_BUILDX = (
 )
 _HISTORY_TIMEOUT_S = 30.0
 _CONTEXT_TIMEOUT_S = 20.0
+# A registry outage this short loses no build: a bake the registry failed is retried, backing
+# off to one try every RETRY_MAX_S, for REGISTRY_RETRY_S after its first such failure, so some
+# try starts within RETRY_MAX_S of the registry's return.
+REGISTRY_OUTAGE_BOUND_S = 120.0
+RETRY_FIRST_S = 5.0
+RETRY_MAX_S = 30.0
+REGISTRY_RETRY_S = REGISTRY_OUTAGE_BOUND_S + 2 * RETRY_MAX_S
+# How bake's ERROR line says the registry could not be reached (Go's net errors, through the
+# docker engine or BuildKit) or answered 5xx; a failed step's own output never reaches it.
+_REGISTRY_TROUBLE = tuple(
+    re.compile(p)
+    for p in (
+        r"\bdial tcp\b",
+        r"connection refused",
+        r"connection reset by peer",
+        r"\bi/o timeout\b",
+        r"\bno such host\b",
+        r"\bno route to host\b",
+        r"network is unreachable",
+        r"TLS handshake timeout",
+        r"\bbroken pipe\b",
+        r"\bunexpected EOF\b",
+        r"unexpected (HTTP )?status\b.*: 5\d\d\b",
+    )
+)
+_STEP_FAILED = "did not complete successfully"
 
 
 class BuildError(Exception):
@@ -347,29 +375,117 @@ def _terminate(proc: subprocess.Popen[str]) -> None:
         proc.wait()
 
 
+def registry_trouble(output: tuple[str, ...]) -> str | None:
+    """Bake's `ERROR:` line when it says the registry could not be reached or answered 5xx (a
+    push, or an input's pull): what a registry outage gives. None for any other failure."""
+    line = bake_error_line(output)
+    if line is None or _STEP_FAILED in line:
+        return None
+    return line if any(p.search(line) for p in _REGISTRY_TROUBLE) else None
+
+
+def retry_delay(attempt: int) -> float:
+    """The pause before try `attempt` + 1 at something the registry failed: 5, 10, 20, 30 s."""
+    return min(RETRY_FIRST_S * 2 ** (attempt - 1), RETRY_MAX_S)
+
+
 def run_bake(
     inv: BakeInvocation,
     *,
     on_output: Callable[[list[str]], None],
+    on_retry: Callable[[str], None] | None = None,
     flush_s: float = 1.0,
     tail_lines: int = 40,
+    retry_s: float = REGISTRY_RETRY_S,
+    stop_when: Callable[[], str | None] | None = None,
 ) -> BuildResult:
     """Run the bake, streaming its output in batches as it arrives; raise BuildError on failure.
 
-    Batching keeps a 100k-line PyTorch log from becoming 100k run-log events. Any exception in
-    this thread (a cancelled run raises one) terminates bake's process group before re-raising,
-    so no orphan build keeps the node busy.
+    Batches (at most `flush_s` apart, at most 200 lines) keep a 100k-line PyTorch log from
+    costing `on_output` 100k calls; what reaches the run's events is the sink's choice
+    (`output.BakeLog`). Any exception in this thread (a cancelled run raises one) terminates
+    bake's process group before re-raising, so no orphan build keeps the node busy.
+
+    A bake that failed because the registry could not be reached or answered 5xx is run again,
+    after 5, 10, 20, then 30 s, until `retry_s` has passed since the first such failure: with
+    BuildKit's cache the steps already built are not built again, only what is left is pushed.
+    So a registry outage shorter than REGISTRY_OUTAGE_BOUND_S loses no build. Each retry is
+    said in one line to `on_retry` (default: the output sink).
+
+    `stop_when` is asked every `flush_s`: a reason (the node stopped answering its probes)
+    stops bake and fails the build with it.
     """
     docker = inv.argv[0]
     if shutil.which(docker, path=inv.env.get("PATH")) is None:
         raise BuildError(
             f"{docker!r} is not on PATH: install the Docker CLI with the buildx plugin"
         )
+    say = on_retry or (lambda line: on_output([line]))
+    first_failure: float | None = None
+    attempt = 1
+    # A retried build took all its attempts: the build's own times say when it began.
+    started = time.time()
+    while True:
+        rc, head, tail = _bake_once(inv, on_output, flush_s, tail_lines, stop_when)
+        finished = time.time()
+        if rc == 0:
+            ref, digest, names = parse_metadata(inv.metadata_file, inv.target)
+            return BuildResult(ref, digest, names, started, finished)
+        output = (*head, *tail)
+        trouble = registry_trouble(output)
+        if trouble is not None and _diagnose(inv, rc, output)[1]:
+            first_failure = first_failure or finished
+            delay = retry_delay(attempt)
+            if finished + delay - first_failure <= retry_s:
+                say(
+                    f"the registry failed bake of {inv.target} ({trouble}); attempt "
+                    f"{attempt + 1} in {delay:.0f}s, retried for {duration(retry_s)} after the "
+                    "first failure"
+                )
+                time.sleep(delay)
+                attempt += 1
+                continue
+        raise _failure(inv, rc, output, tail, attempt, first_failure, finished)
+
+
+def _failure(
+    inv: BakeInvocation,
+    rc: int,
+    output: tuple[str, ...],
+    tail: tuple[str, ...],
+    attempts: int,
+    first_failure: float | None,
+    finished: float,
+) -> BuildError:
+    reason, built = _diagnose(inv, rc, output)
+    if not built:
+        return BuildError(reason, log_tail=tail)
+    if first_failure is not None:
+        reason += (
+            f"; {attempts} attempts over {duration(finished - first_failure)} "
+            "after the registry first failed it"
+        )
+    ref, why = find_history_ref(inv)
+    where = (
+        f"; history ref {ref} (docker buildx history logs {ref.rsplit('/', 1)[-1]})"
+        if ref
+        else f"; no history ref: {why}"
+    )
+    return BuildError(f"{reason}{where}", log_tail=tail, history_ref=ref)
+
+
+def _bake_once(
+    inv: BakeInvocation,
+    on_output: Callable[[list[str]], None],
+    flush_s: float,
+    tail_lines: int,
+    stop_when: Callable[[], str | None] | None,
+) -> tuple[int, tuple[str, ...], tuple[str, ...]]:
+    """One bake, its output streamed: (exit status, its first lines, its last lines)."""
     inv.metadata_file.unlink(missing_ok=True)
     guard = [sys.executable, "-m", bake_guard.__name__, "--parent", str(os.getpid())]
     if inv.scratch is not None:
         guard += ["--scratch", str(inv.scratch)]
-    started = time.time()
     try:
         proc = subprocess.Popen(
             [*guard, "--", *inv.argv],
@@ -419,24 +535,14 @@ def run_bake(
             if batch and (done or time.monotonic() - last_flush >= flush_s or len(batch) >= 200):
                 on_output(batch)
                 batch, last_flush = [], time.monotonic()
+            reason = None if done or stop_when is None else stop_when()
+            if reason:
+                raise BuildError(f"{reason}: bake was stopped", log_tail=tuple(tail))
         rc = proc.wait()
     except BaseException:
         _terminate(proc)
         raise
-    finished = time.time()
-    if rc != 0:
-        reason, built = _diagnose(inv, rc, (*head, *tail))
-        if not built:
-            raise BuildError(reason, log_tail=tuple(tail))
-        ref, why = find_history_ref(inv)
-        where = (
-            f"; history ref {ref} (docker buildx history logs {ref.rsplit('/', 1)[-1]})"
-            if ref
-            else f"; no history ref: {why}"
-        )
-        raise BuildError(f"{reason}{where}", log_tail=tuple(tail), history_ref=ref)
-    ref, digest, names = parse_metadata(inv.metadata_file, inv.target)
-    return BuildResult(ref, digest, names, started, finished)
+    return rc, tuple(head), tuple(tail)
 
 
 def metadata_summary(inv: BakeInvocation, result: BuildResult, node: str) -> dict[str, Any]:

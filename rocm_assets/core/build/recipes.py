@@ -33,7 +33,6 @@ from rocm_assets.core.bake import BakeGraph, Target
 from rocm_assets.core.bake.evaluate import Evaluation
 from rocm_assets.core.bake.functions import to_string
 from rocm_assets.core.bake.parse import label_of, line_of
-from rocm_assets.core.common.constants import PUBLISHED_INPUTS_VAR
 from rocm_assets.core.build.dockerfile import (
     Dockerfile,
     DockerfileError,
@@ -42,6 +41,7 @@ from rocm_assets.core.build.dockerfile import (
     required,
     variables,
 )
+from rocm_assets.core.common.constants import PUBLISHED_INPUTS_VAR
 
 _PROXY_ARGS = ("HTTP_PROXY", "HTTPS_PROXY", "FTP_PROXY", "NO_PROXY", "ALL_PROXY")
 EXEMPT_ARGS = frozenset({*_PROXY_ARGS, *(a.lower() for a in _PROXY_ARGS), "SOURCE_DATE_EPOCH"})

@@ -24,6 +24,7 @@ import dockerfile as dockerfile_parser
 
 from rocm_assets.core.bake import BakeGraph
 from rocm_assets.core.bake.targets import IMAGE_PREFIX, TARGET_PREFIX, Target
+from rocm_assets.core.build.recipes import dockerfile_path
 from rocm_assets.core.common.constants import (
     ARCH_VAR,
     BUILD_NAME_ARG,
@@ -31,7 +32,6 @@ from rocm_assets.core.common.constants import (
     RUN_ID_VAR,
     SCCACHE_LOG_VAR,
 )
-from rocm_assets.core.build.recipes import dockerfile_path
 
 if TYPE_CHECKING:
     from docker.utils.build import PatternMatcher
@@ -45,10 +45,6 @@ ARCH_PLACEHOLDER = f"${{{ARCH_VAR}}}"
 DEFINITION_METADATA = "code_definition"
 _VARIABLE = re.compile(r"\$(\{[^}]*\}|[A-Za-z_][A-Za-z0-9_]*)")
 _URL = re.compile(r"^[a-z][a-z0-9+.-]*://|^git@")
-
-
-class DefinitionError(Exception):
-    """A Dockerfile or context file the definition needs cannot be read."""
 
 
 @dataclass(frozen=True)
@@ -80,6 +76,13 @@ def _sha256(path: Path) -> str:
         for block in iter(lambda: handle.read(1 << 20), b""):
             digest.update(block)
     return digest.hexdigest()
+
+
+def _digest_or_reason(path: Path) -> str:
+    try:
+        return _sha256(path)
+    except OSError as exc:
+        return f"unreadable: {exc.strerror}"
 
 
 def _repository(tag: str) -> str:
@@ -165,8 +168,9 @@ def _local_sources(path: Path, args: Mapping[str, str]) -> Iterator[str | None]:
     (a source names a variable the build args do not give), so the whole context counts."""
     try:
         commands = dockerfile_parser.parse_file(str(path))
-    except (OSError, dockerfile_parser.GoIOError, dockerfile_parser.GoParseError) as exc:
-        raise DefinitionError(f"{path}: {exc}") from None
+    except (OSError, dockerfile_parser.GoIOError, dockerfile_parser.GoParseError):
+        # BuildKit will refuse it and `rocm-assets check` names why; its bytes are in the hash.
+        return
     for command in commands:
         flags = [f.lower() for f in command.flags]
         if command.cmd.upper() in ("COPY", "ADD") and not any(
@@ -233,20 +237,16 @@ def definition(graph: BakeGraph, target: str) -> Definition:
     root = graph.path.parent
     path = dockerfile_path(graph, resolved)
     context = (root / resolved.context).resolve()
-    try:
-        files = {
-            os.path.relpath(f, root): _sha256(f)
-            for f in context_files(context, path, resolved.args)
-        }
-        files_sha = _sha256(path)
-    except OSError as exc:
-        raise DefinitionError(
-            f"target {target!r}: cannot read {exc.filename}: {exc.strerror}"
-        ) from None
+    # A file that cannot be read is part of the definition as such: loading never fails on it,
+    # and the build itself says what is wrong.
+    files = {
+        os.path.relpath(f, root): _digest_or_reason(f)
+        for f in context_files(context, path, resolved.args)
+    }
     return Definition(
         target=target,
         fields=tuple(entries[k] for k in sorted(entries)),
-        dockerfile=files_sha,
+        dockerfile=_digest_or_reason(path),
         files=files,
     )
 

@@ -21,6 +21,9 @@ ROCM_WAITING_FOR_TAG = "rocm/waiting_for"
 # Set by the coordinator on a waiting in-process run it gives up on (an input that stays
 # unpublished): the run's worker fails the step with this reason.
 ROCM_REFUSED_TAG = "rocm/refused"
+# Set by the daemon on a build run that failed because its worker died holding its builder: one
+# line, pid and how it ended. The UI's run list shows it beside the run.
+ROCM_FAILURE_TAG = "rocm/failure"
 # A request covering several builds becomes one run per build; the request's run is the parent.
 ROCM_FANOUT_TAG = "rocm/fanout"
 FANOUT_PARENT = "parent"

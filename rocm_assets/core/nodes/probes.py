@@ -318,6 +318,13 @@ def _ssh_failure(node: Node, exc: Exception, timeout_s: float) -> str:
     if isinstance(exc, TimeoutError):
         return f"ssh timeout after {timeout_s:g} s"
     if isinstance(exc, paramiko.ssh_exception.NoValidConnectionsError):
+        # paramiko wraps every address's connect error, a timeout (a cut link) included.
+        errors = list(exc.errors.values())
+        if errors and all(isinstance(e, TimeoutError) for e in errors):
+            return f"ssh timeout after {timeout_s:g} s"
+        if not all(isinstance(e, ConnectionRefusedError) for e in errors):
+            first = errors[0] if errors else exc
+            return f"ssh connect to {node.ssh} failed: {bounded(first.strerror or str(first))}"
         return f"ssh connection to {node.ssh} refused"
     if isinstance(exc, OSError):
         return f"ssh connect to {node.ssh} failed: {bounded(exc.strerror or str(exc))}"

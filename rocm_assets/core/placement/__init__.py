@@ -30,13 +30,15 @@ node, no insertion); "peft" is PEFT (optimistic cost table lookahead); "default"
 and keeps the shortest plan, so it is never worse than greedy. `choose_placements` decides once
 from scratch; `follow.PlanFollower` is what the run coordinator calls each tick: one plan,
 followed, re-planned on drift, improved by CP-SAT from a solver runner (`runners`). Import those
-two modules by name: they import the solver, which imports this package. `lower_bounds` and
-`validate_schedule` judge any plan.
+two modules by name: they import the solver, which imports this package. `lower_bounds`,
+`best_bound` and `validate_schedule` judge any plan.
 """
 
 from rocm_assets.core.build.builds import Build as Build
 from rocm_assets.core.placement.bounds import (
+    Bound as Bound,
     LowerBounds as LowerBounds,
+    best_bound as best_bound,
     lower_bounds as lower_bounds,
     validate_schedule as validate_schedule,
 )

@@ -1,16 +1,26 @@
 """How good can a plan be: makespan lower bounds, and a checker for any schedule.
 
 The bounds (scheduling-facts §5) each ignore some constraint, so each holds for every plan;
-`validate_schedule` checks a plan against the cost model and the farm's rules.
+`best_bound` is the best one known, the solver's proven bound when it is tighter, with its
+source; `validate_schedule` checks a plan against the cost model and the farm's rules.
 """
 
 import weakref
 from collections.abc import Mapping
 from dataclasses import dataclass
 from itertools import pairwise
+from typing import NamedTuple
 
 from rocm_assets.core.build.builds import Build
-from rocm_assets.core.placement.problem import Assignment, Index, Problem, Schedule
+from rocm_assets.core.placement.problem import EPS, Assignment, Index, Problem, Schedule
+
+# What proved a bound: one of placement's static bounds, or CP-SAT; the label `plan` prints.
+BOUND_SOURCES = {
+    "path": "static: critical path",
+    "work": "static: work",
+    "stage": "static: stage",
+    "solver": "proven by CP-SAT",
+}
 
 
 @dataclass(frozen=True)
@@ -24,6 +34,32 @@ class LowerBounds:
     @property
     def best(self) -> float:
         return max(self.path_s, self.work_s, self.stage_s)
+
+    @property
+    def best_source(self) -> str:
+        """Which bound is `best` ("path", "work" or "stage"); the first of them on a tie."""
+        named = (("path", self.path_s), ("work", self.work_s), ("stage", self.stage_s))
+        return max(named, key=lambda item: item[1])[0]
+
+
+class Bound(NamedTuple):
+    """A makespan lower bound and what proved it (a key of `BOUND_SOURCES`)."""
+
+    value_s: float
+    source: str
+
+    @property
+    def label(self) -> str:
+        return BOUND_SOURCES[self.source]
+
+
+def best_bound(problem: Problem, proven_s: float | None = None) -> Bound:
+    """The best lower bound known for `problem`: its static bounds, or `proven_s` (a solve's
+    `proven_bound_s`) when that is tighter; equal figures keep the static bound's name."""
+    static = lower_bounds(problem)
+    if proven_s is not None and proven_s > static.best + EPS * max(1.0, static.best):
+        return Bound(proven_s, "solver")
+    return Bound(static.best, static.best_source)
 
 
 def _optimistic_finish(ix: Index) -> list[list[float]]:
@@ -198,7 +234,7 @@ def validate_schedule(
         errors.append(f"makespan {schedule.makespan_s:.3f}s is not the last end {last:.3f}s")
     if factors:
         return errors
-    bound = problem.bounds.best
+    bound = lower_bounds(problem).best
     if schedule.makespan_s < bound - tol(bound):
         errors.append(f"makespan {schedule.makespan_s:.3f}s is below the lower bound {bound:.3f}s")
     if schedule.lower_bound_s > schedule.makespan_s + tol(schedule.makespan_s):

@@ -42,6 +42,21 @@ class FarmState:
     busy: Mapping[str, float] = field(default_factory=dict)
     unpublished: Mapping[Build, str] = field(default_factory=dict)
 
+    def ready(self, b: Build) -> bool:
+        """Every input of pending build `b` is published."""
+        return not any(
+            d in self.pending or d in self.running or d in self.unpublished
+            for d in self.pending.get(b, ())
+        )
+
+
+class Slot(NamedTuple):
+    """Where and when the plan has a build."""
+
+    node: str
+    start_s: float
+    end_s: float
+
 
 @dataclass(frozen=True)
 class FollowSettings:
@@ -108,7 +123,9 @@ class PlanView:
     `strategy` what produced the plan ("default(peft)", "solver", ...); `reason` why it was
     made; `solver` what the solver is doing or did for it; `duration_sigma` how far finished
     builds strayed from their estimates (a lognormal sigma; above 0, plans compare by their
-    mean makespan over draws of it).
+    mean makespan over draws of it); `proven_bound_s` the lower bound (absolute) CP-SAT proved
+    on the finish of this plan generation's builds, as the farm stood when it was made, or None
+    when no solve of it has answered.
     """
 
     strategy: str
@@ -119,3 +136,4 @@ class PlanView:
     solver: str
     duration_sigma: float
     queues: Mapping[str, tuple[PlannedBuild, ...]]
+    proven_bound_s: float | None = None

@@ -33,7 +33,6 @@ Times are on the caller's clock (`now_s`, absolute seconds); a plan's times are 
 
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
-from typing import NamedTuple
 
 from rocm_assets.core.build.builds import Build
 from rocm_assets.core.placement.cost import PlacementError
@@ -43,6 +42,7 @@ from rocm_assets.core.placement.farm import (
     PlannedBuild,
     PlanView,
     Running,
+    Slot,
     solver_budget_s,
 )
 from rocm_assets.core.placement.fill import best_move
@@ -67,12 +67,6 @@ from rocm_assets.core.placement.solver import SOLVER_STRATEGY, ortools_missing
 # `rocm-assets plan --strategy` and the bench's tables alike.
 COORDINATOR_STRATEGY = "coordinator"
 MIN_REMAINING_S = 1.0
-
-
-class _Slot(NamedTuple):
-    node: str
-    start_s: float
-    end_s: float
 
 
 class PlanFollower:
@@ -103,6 +97,9 @@ class PlanFollower:
         self._label = ""
         self._reason = ""
         self._solver_status = "off" if runner is None else (self._solver_off or "idle")
+        # Where the asked solve's problem starts, and the bound its answer proved (absolute).
+        self._solve_origin = 0.0
+        self._proven_s: float | None = None
         self._error: str | None = None
         self._made_s = 0.0
         self._makespan_s = 0.0
@@ -116,7 +113,7 @@ class PlanFollower:
         self._moved = False
         # The plan came from the solver or the solver found nothing shorter.
         self._solved = False
-        self._slots: dict[Build, _Slot] = {}
+        self._slots: dict[Build, Slot] = {}
         self._prev: dict[Build, Build] = {}
         self._queues: dict[str, deque[Build]] = {}
         self._queued: set[Build] = set()
@@ -134,6 +131,7 @@ class PlanFollower:
         self._last_running: dict[Build, Running] = {}
         # What the last idle-node check saw: it runs again only when this changes.
         self._fill_seen: tuple[int, frozenset[Build], frozenset[Build]] | None = None
+        self._forced: str | None = None  # why the next tick re-plans (`replan`)
 
     # ---- the tick ----
     def tick(self, state: FarmState) -> Decision:
@@ -189,6 +187,7 @@ class PlanFollower:
             self._solver_status,
             round(self._spread.sigma, 4),
             queues,
+            self._proven_s,
         )
 
     def next_check_s(self) -> float | None:
@@ -201,6 +200,10 @@ class PlanFollower:
         ]
         return min(times, default=None)
 
+    def replan(self, why: str) -> None:
+        """Make the next tick re-plan from scratch, with `why` as the plan's reason."""
+        self._forced = why
+
     def _note(self, message: str) -> None:
         if message not in self._said:
             self._said.add(message)
@@ -209,6 +212,9 @@ class PlanFollower:
     # ---- drift ----
     def _drift(self, s: FarmState) -> str | None:
         """Why the plan no longer holds, or None: checks only what changed."""
+        if self._forced is not None:
+            why, self._forced = self._forced, None
+            return why
         if not self._has_plan:
             return "first plan"
         now, pending, running = s.now_s, s.pending, s.running
@@ -270,6 +276,7 @@ class PlanFollower:
         now, pending, running = s.now_s, s.pending, s.running
         old_slots, old_label, old_solved = self._slots, self._label, self._solved
         self._solved = False
+        self._proven_s = None
         self._generation += 1
         self.replans += 1
         self._has_plan = True
@@ -404,7 +411,7 @@ class PlanFollower:
                 if queue:
                     self._prev[b] = queue[-1]
                 queue.append(b)
-                self._slots[b] = _Slot(node, origin + run.start[i], origin + run.end[i])
+                self._slots[b] = Slot(node, origin + run.start[i], origin + run.end[i])
         self._queued = set(self._slots)
         self._makespan_s = max([origin + run.makespan, *self._assumed_end.values()])
 
@@ -435,6 +442,7 @@ class PlanFollower:
         )
         budget = solver_budget_s(n, self.settings)
         self._solver_status = f"solving {n} builds for up to {budget:.3g} s"
+        self._solve_origin = self._made_s
         self._runner.submit(SolveRequest(self._generation, problem, busy_until, hint, budget))
 
     def _take_solver_result(self, s: FarmState) -> None:
@@ -451,7 +459,8 @@ class PlanFollower:
                 self._solver_off = message
             return
         result = outcome.result
-        solved = {a.build: _Slot(a.node, a.start_s, a.end_s) for a in result.schedule.assignments}
+        self._proven_s = self._solve_origin + result.proven_bound_s
+        solved = {a.build: Slot(a.node, a.start_s, a.end_s) for a in result.schedule.assignments}
         if not self._moved and self._ix is not None:
             # Nothing started since the plan was made: both plans start from its origin.
             ix, avail0, origin, current = self._ix, self._avail0, self._made_s, self._run
@@ -499,12 +508,12 @@ class PlanFollower:
             head = next(
                 (b for b in self._queues.get(node, ()) if b in pending and b not in running), None
             )
-            if head is not None and self._ready(head, s):
+            if head is not None and s.ready(head):
                 starting.add(head)
             else:
                 idle.append(node)
         ready = sorted(
-            (b for b in todo if b not in starting and self._ready(b, s)),
+            (b for b in todo if b not in starting and s.ready(b)),
             key=lambda b: (self._slots[b].start_s, build_key(b)),
         )
         if not idle or not ready:
@@ -542,7 +551,7 @@ class PlanFollower:
             if not queue or node in held or node not in self._node_names:
                 continue
             head = queue[0]
-            if head in running or not self._ready(head, s):
+            if head in running or not s.ready(head):
                 continue
             slot = self._slots[head]
             finish = now + (slot.end_s - slot.start_s)
@@ -561,11 +570,6 @@ class PlanFollower:
             waiting.pop(start.build, None)
         starts.sort(key=lambda x: (x.node, build_key(x.build)))
         return Decision(self._label or "none", tuple(starts), waiting)
-
-    def _ready(self, b: Build, s: FarmState) -> bool:
-        return not any(
-            d in s.pending or d in s.running or d in s.unpublished for d in s.pending.get(b, ())
-        )
 
     def _why(self, b: Build, s: FarmState) -> Waiting:
         blocked = self._blocked.get(b)

@@ -475,10 +475,12 @@ class RegistryClient:
                 if isinstance(exc, (httpx.ConnectError, httpx.ConnectTimeout)):
                     raise self._net.error(
                         f"cannot connect for {what} after {_attempts(attempt)} "
-                        f"({self._net.clip(str(exc))}); is the registry running and the URL right?"
+                        f"({self._net.clip(str(exc))}); is the registry running and the URL right?",
+                        transient=True,
                     ) from cause
                 raise self._net.error(
-                    f"{what} failed after {_attempts(attempt)}: {self._net.clip(str(exc))}"
+                    f"{what} failed after {_attempts(attempt)}: {self._net.clip(str(exc))}",
+                    transient=True,
                 ) from cause
             status = reply.status
             if status == 401 and not token_fetched:
@@ -576,7 +578,11 @@ class RegistryClient:
             cause = f"server error after {_attempts(attempts)}"
         else:
             cause = "unexpected status"
-        return self._net.error(f"{status} {reason} for {what}: {cause}", status=status)
+        return self._net.error(
+            f"{status} {reason} for {what}: {cause}",
+            status=status,
+            transient=status >= 500 or status == 429,
+        )
 
 
 def _host_key(host: str, scheme: str) -> tuple[str, int]:

@@ -30,12 +30,24 @@ _MAX_MESSAGE = 1000
 
 
 class RegistryError(Exception):
-    """A registry request failed: never means "absent". The message is one line, secret-free."""
+    """A registry request failed: never means "absent". The message is one line, secret-free.
 
-    def __init__(self, message: str, *, url: str | None = None, status: int | None = None) -> None:
+    `transient`: the registry could not be reached, or answered 5xx or 429, after the client's
+    own retries: the same request may succeed once the registry is back.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        url: str | None = None,
+        status: int | None = None,
+        transient: bool = False,
+    ) -> None:
         super().__init__(bounded(message, _MAX_MESSAGE))
         self.url = url
         self.status = status
+        self.transient = transient
 
 
 @dataclass(frozen=True)
@@ -240,10 +252,15 @@ class RegistryHttp:
 
     # ---------------------------------------------------------------- errors
 
-    def error(self, cause: str, *, status: int | None = None) -> RegistryError:
+    def error(
+        self, cause: str, *, status: int | None = None, transient: bool = False
+    ) -> RegistryError:
         """`registry <url>: <cause>` with every secret removed."""
         return RegistryError(
-            self.scrub(f"registry {self.url}: {cause}"), url=self.url, status=status
+            self.scrub(f"registry {self.url}: {cause}"),
+            url=self.url,
+            status=status,
+            transient=transient,
         )
 
     def safe_cause(self, exc: BaseException) -> BaseException | None:

@@ -1,10 +1,12 @@
 """The build resource: holds the run's builder (waiting in line if it must), then bakes there."""
 
+import contextlib
 import os
+import sys
 import tempfile
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
@@ -23,6 +25,7 @@ from rocm_assets.core.build.invocation import (
     metadata_summary,
     run_bake,
 )
+from rocm_assets.core.build.output import PROGRESS_S, BakeLog
 from rocm_assets.core.build.versions import DEFINITION_METADATA, definition
 from rocm_assets.core.common.constants import (
     PLACEMENT_PLACED,
@@ -38,6 +41,7 @@ from rocm_assets.core.common.constants import (
 from rocm_assets.core.common.settings import bake_file_path
 from rocm_assets.core.nodes.fleet import Fleet, FleetError, Node, fleet_path, load_fleet
 from rocm_assets.core.nodes.probes import probe_node
+from rocm_assets.core.nodes.watch import EVERY_S, UNREACHABLE_S, LinkWatch
 from rocm_assets.defs.registry_checks import latest_built_digest, preflight_run
 from rocm_assets.defs.resources.registry import RegistryResource
 
@@ -109,6 +113,21 @@ def md_block(lines: tuple[str, ...] | list[str]) -> dg.MetadataValue:
     return dg.MetadataValue.md("```\n" + "\n".join(lines) + "\n```")
 
 
+def run_logged_bake(
+    inv: BakeInvocation,
+    log: dg.DagsterLogManager,
+    progress_s: float = PROGRESS_S,
+    stop_when: Callable[[], str | None] | None = None,
+) -> BuildResult:
+    """`run_bake` with its output on stdout, which Dagster keeps as the step's compute log, and
+    only its steps, a progress line every `progress_s` and a summary in the run's events."""
+    output = BakeLog(sys.stdout, log.info, progress_s=progress_s)
+    try:
+        return run_bake(inv, on_output=output, on_retry=log.warning, stop_when=stop_when)
+    finally:
+        output.close()
+
+
 class BakeResource(dg.ConfigurableResource):
     """Runs `docker buildx bake` for one target and arch on the run's node, inputs from the registry."""
 
@@ -116,8 +135,15 @@ class BakeResource(dg.ConfigurableResource):
     fleet_file: str | None = None
     docker: str = "docker"
     progress: str = "plain"
+    # Seconds between one-line progress events while bake prints; its output itself goes to
+    # the step's compute log, not the event log.
+    output_progress_s: float = PROGRESS_S
     # How often an unplaced in-process run looks again for a free node.
     node_poll_s: float = 10.0
+    # A node with an ssh address is probed this often while it builds; after this long without
+    # an answer its bake is stopped and the build failed (a cut link, a dead node).
+    link_check_s: float = EVERY_S
+    unreachable_s: float = UNREACHABLE_S
 
     def graph(self) -> BakeGraph:
         try:
@@ -355,7 +381,7 @@ class BakeResource(dg.ConfigurableResource):
         node: Node,
         jobs: int,
     ) -> tuple[BakeInvocation, BuildResult]:
-        """One bake of `target` for `partition` on `node`, its output streamed to the run log."""
+        """One bake of `target` for `partition` on `node`, its output streamed to the compute log."""
         arch = graph.build_arch(target, partition or graph.arches[0])
         # The bake's guard removes it if this worker dies mid-bake.
         with tempfile.TemporaryDirectory(prefix="rocm-bake-", ignore_cleanup_errors=True) as tmp:
@@ -374,8 +400,20 @@ class BakeResource(dg.ConfigurableResource):
                 scratch=Path(tmp),
             )
             context.log.info("baking %s for %s on %s: %s", target, arch, node.name, inv.command())
+            # A node reached over SSH is probed while it builds: a cut link ends the bake.
+            watch = (
+                LinkWatch(node, every_s=self.link_check_s, unreachable_s=self.unreachable_s)
+                if node.ssh
+                else None
+            )
             try:
-                result = run_bake(inv, on_output=lambda lines: context.log.info("\n".join(lines)))
+                with watch or contextlib.nullcontext():
+                    result = run_logged_bake(
+                        inv,
+                        context.log,
+                        self.output_progress_s,
+                        stop_when=watch.verdict if watch else None,
+                    )
             except BuildError as exc:
                 metadata = {"command": dg.MetadataValue.text(inv.command()), "node": node.name}
                 if exc.log_tail:
