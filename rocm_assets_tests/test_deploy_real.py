@@ -301,6 +301,13 @@ class Farm:
             raise DeployTestError(f"docker {' '.join(args)} failed: {_tail(done.stderr, 5)}")
         return done
 
+    def remove(self) -> None:
+        """The farm's containers, run workers and volumes, the tools profile's too (a plain
+        `down --volumes` keeps those, and a docker context would outlive the farm)."""
+        self.compose("--profile", "tools", "down", "--volumes", "--remove-orphans", timeout=300)
+        self.docker("container", "prune", "--force", "--filter",
+                    "label=org.rocm-assets.role=run-worker", check=False)  # fmt: skip
+
     def service_logs(self, *services: str, lines: int = 30) -> str:
         done = self.compose("logs", "--no-color", "--tail", str(lines), *services, timeout=120)
         return done.stdout + done.stderr
@@ -465,9 +472,7 @@ def farm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Farm]:
             farm = made.get("farm")
             if farm is not None:
                 (farm.logs / "compose.log").write_text(farm.service_logs(lines=2000))
-                farm.compose("down", "--volumes", "--remove-orphans", timeout=300)
-                farm.docker("container", "prune", "--force", "--filter",
-                            "label=org.rocm-assets.role=run-worker", check=False)  # fmt: skip
+                farm.remove()
                 # Images a rebuild replaced: on vfs each is gigabytes.
                 farm.docker("image", "prune", "--force", check=False)
             if "node" in made:
@@ -558,9 +563,7 @@ def _bring_up(
     )
     made["farm"] = farm
     # What a session that died left behind on the persistent engine.
-    farm.compose("down", "--volumes", "--remove-orphans", timeout=300)
-    farm.docker("container", "prune", "--force", "--filter",
-                "label=org.rocm-assets.role=run-worker", check=False)  # fmt: skip
+    farm.remove()
 
     node_proc, node = start_dockerd(
         node_root, logs / "node.log",
