@@ -42,14 +42,17 @@ from typing import Any
 import httpx
 import pytest
 import yaml
+from dagster._config import process_config
 from dagster._core.errors import DagsterInvalidConfigError
 from dagster._core.instance.config import dagster_instance_config
 from dagster._core.storage.local_compute_log_manager import LocalComputeLogManager
 from dagster._serdes import ConfigurableClassData
 from dagster_docker import DockerRunLauncher
+from dagster_postgres.utils import pg_url_from_config
 
 from rocm_assets.core.common import constants
 from rocm_assets.instance.coordinator import PlacementRunCoordinator
+from rocm_assets.instance.postgres import PostgresStorage
 from rocm_assets_tests.helpers import PROJECT_ROOT
 from rocm_assets_tests.servers.dockerd import Dockerd
 from rocm_assets_tests.servers.registry import RegistryServer
@@ -327,7 +330,12 @@ def _rehydrate(section: Mapping[str, Any], as_type: type) -> Any:
 def test_instance_config_validates_and_its_classes_rebuild(instance_env: dict[str, str]) -> None:
     config, custom_instance = dagster_instance_config(str(DEPLOY_DIR))
     assert custom_instance is None
-    assert set(config["storage"]) == {"postgres"}
+    # PostgreSQL through the farm's storage class, configured as `storage: postgres:` would be.
+    storage = config["storage"]["custom"]
+    assert (storage["module"], storage["class"]) == (PostgresStorage.__module__, "PostgresStorage")
+    processed = process_config(PostgresStorage.config_type(), storage["config"])
+    assert processed.success, processed.errors
+    assert pg_url_from_config(processed.value).endswith("@postgres:5432/dagster")
     assert config["run_monitoring"]["enabled"] is True
 
     coordinator = _rehydrate(config["run_coordinator"], PlacementRunCoordinator)

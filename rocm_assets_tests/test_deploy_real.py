@@ -759,22 +759,12 @@ def test_the_daemon_waits_for_postgres_and_says_so(farm: Farm) -> None:
     farm.wait_healthy("daemon")
     assert not [line for line in farm.logs_of("daemon") if "Traceback" in line]
     assert farm.state("daemon")["restarts"] == 0
-    # The webserver stayed up throughout. Dagster's webserver keeps one pooled connection and does
-    # not test it before use: its first query after the restart fails on the dead connection and
-    # the pool replaces it (deploy/README.md says so); no more than that one.
-    errors = []
-    for _ in range(3):
-        try:
-            runs = farm.graphql(_RUNS)["runsOrError"]
-        except DeployTestError as exc:
-            errors.append(str(exc))
-            continue
-        if runs["__typename"] == "Runs":
-            break
-        errors.append(runs["message"])
-    assert len(errors) <= 1, errors
-    assert all("server closed the connection" in error for error in errors), errors
+    # The webserver stayed up throughout, and its pooled connections, which PostgreSQL's restart
+    # ended, are replaced before use (rocm_assets/instance/postgres.py): the first requests after
+    # it, a run list and a launch, answer as before.
     assert farm.graphql(_RUNS)["runsOrError"]["__typename"] == "Runs"
+    run = farm.wait_run(farm.launch(TARGET, ARCH))
+    assert run["status"] == "SUCCESS", _step_failures(run)
     assert farm.state("webserver")["restarts"] == 0
 
 

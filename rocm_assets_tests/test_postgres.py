@@ -5,12 +5,16 @@ run, event log and schedule storages creating their tables in a fresh database, 
 its events written and read back through them.
 """
 
+from typing import Any
+
 import dagster as dg
 import psycopg2
 import pytest
+import sqlalchemy
 from dagster._core.events import DagsterEvent, DagsterEventType
 from dagster._core.test_utils import create_run_for_test, instance_for_test
 
+from rocm_assets.instance.postgres import ping_on_checkout
 from rocm_assets_tests.servers.postgres import PostgresServer
 
 
@@ -53,3 +57,72 @@ def test_dagster_instance_on_postgres(postgres_db: str) -> None:
         records = instance.get_records_for_run(run.run_id).records
         kinds = [r.event_log_entry.dagster_event_type for r in records]
         assert DagsterEventType.RUN_SUCCESS in kinds
+
+
+def _end_connections(server: PostgresServer, database_url: str) -> int:
+    """What a PostgreSQL restart does to a client's open connections: the server ends them."""
+    name = database_url.rsplit("/", 1)[-1]
+    with psycopg2.connect(server.dsn()) as conn, conn.cursor() as cursor:
+        cursor.execute(
+            "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
+            "WHERE datname = %s AND pid <> pg_backend_pid()",
+            (name,),
+        )
+        (ended,) = cursor.fetchone()
+    conn.close()
+    return ended
+
+
+@pytest.mark.real
+@pytest.mark.parametrize("storage", ["postgres", "farm"])
+def test_webserver_connections_survive_postgres_ending_them(
+    postgres_server: PostgresServer, postgres_db: str, storage: str
+) -> None:
+    """Real PostgreSQL 15 ends the pooled connections of an instance optimized as the webserver
+    optimizes its own. dagster-postgres's storage fails the next query on each storage; the
+    farm's (deploy/dagster.yaml) replaces the dead connection and answers."""
+    config = {"postgres_url": postgres_db}
+    overrides: dict[str, Any] = (
+        {"storage": {"postgres": config}}
+        if storage == "postgres"
+        else {
+            "storage": {
+                "custom": {
+                    "module": "rocm_assets.instance.postgres",
+                    "class": "PostgresStorage",
+                    "config": config,
+                }
+            }
+        }
+    )
+    # The ping is a process-wide pool listener: the control runs without it.
+    listening = sqlalchemy.event.contains(sqlalchemy.pool.QueuePool, "checkout", ping_on_checkout)
+    if storage == "postgres" and listening:
+        sqlalchemy.event.remove(sqlalchemy.pool.QueuePool, "checkout", ping_on_checkout)
+    try:
+        with instance_for_test(overrides=overrides) as instance:
+            expected = "DagsterPostgresStorage" if storage == "postgres" else "PostgresStorage"
+            assert instance.get_ref().storage_data.class_name == expected
+            instance.optimize_for_webserver(
+                statement_timeout=5000, pool_recycle=3600, max_overflow=20
+            )
+            run = create_run_for_test(instance, job_name="pg_job")
+            # Each storage's pooled connection is open now.
+            assert [r.run_id for r in instance.get_runs()] == [run.run_id]
+            assert instance.get_records_for_run(run.run_id).records == []
+            assert _end_connections(postgres_server, postgres_db) >= 2
+
+            if storage == "postgres":
+                with pytest.raises(sqlalchemy.exc.OperationalError, match="server closed"):
+                    instance.get_runs()
+                with pytest.raises(sqlalchemy.exc.OperationalError, match="server closed"):
+                    instance.get_records_for_run(run.run_id)
+            else:
+                assert type(instance.run_storage).__name__ == "PostgresRunStorage"
+                assert [r.run_id for r in instance.get_runs()] == [run.run_id]
+                assert instance.get_records_for_run(run.run_id).records == []
+    finally:
+        if listening and not sqlalchemy.event.contains(
+            sqlalchemy.pool.QueuePool, "checkout", ping_on_checkout
+        ):
+            sqlalchemy.event.listen(sqlalchemy.pool.QueuePool, "checkout", ping_on_checkout)
