@@ -96,6 +96,8 @@ def dockerd_argv(root: Path, host: str, *extra: str) -> list[str]:
         raise DockerdError("dockerd not found; .ci/setup installs Debian 13's docker.io")
     if shutil.which("docker") is None:
         raise DockerdError("the docker CLI is not on PATH; .ci/setup installs docker-cli")
+    # A persistent root (the deploy test's) may be new on a fresh machine.
+    root.mkdir(parents=True, exist_ok=True)
     config = root / "daemon.json"
     config.write_text(json.dumps(_DAEMON_CONFIG))
     # A unique containerd namespace keeps builds apart if dockerd attaches to a host containerd.
