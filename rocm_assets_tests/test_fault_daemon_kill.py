@@ -127,7 +127,7 @@ def test_killing_the_daemon_mid_build_loses_nothing(
         placed = [placement(instance, run_id) for run_id in queued]
         assert all(p is not None and p[0] > restarted for p in placed)
         first_placed_s = min(p[0] for p in placed if p is not None) - restarted
-    assert builders.overlaps(BUILD_PREFIX) == []
+    assert builders.overlaps(BUILD_PREFIX, {history_name(r) for r in runs}) == []
     restarted_log = farm.log("daemon-restarted")
     assert "Traceback" not in restarted_log, restarted_log[-3000:]
     record_property("new_daemon_heartbeat_after_s", round(beat_s, 1))

@@ -27,6 +27,7 @@ from rocm_assets_tests.helpers.daemon_farm import (
     assert_each_success_baked_once,
     assert_nothing_held,
     build_runs,
+    history_name,
     make_daemon_farm,
     placement,
     running_farm,
@@ -110,7 +111,7 @@ def test_a_node_out_of_the_fleet_finishes_its_build_and_gets_none_until_it_is_ba
             if (p := placement(instance, r.run_id)) and p[1] == "n-b2" and (at := p[0]) > added
         )
         assert back, "n-b2 took no build once it was back"
-    assert builders.overlaps(BUILD_PREFIX) == []
+    assert builders.overlaps(BUILD_PREFIX, {history_name(r) for r in runs}) == []
     assert "Traceback" not in farm.log("daemon"), farm.log("daemon")[-3000:]
     record_property("back_in_use_after_s", round(back[0] - added, 1))
     record_property("all_ended_after_put_back_s", round(took_s, 1))

@@ -267,18 +267,19 @@ class Builders:
         )  # fmt: skip
         return json.loads(out.stdout)
 
-    def overlaps(
-        self, prefix: str, names: Collection[str] | None = None
-    ) -> list[tuple[str, str, str]]:
-        """(engine, record, record) for every two records under `prefix` (and among `names`, if
-        given) that ran at once on one engine; builders sharing an engine are one machine."""
+    def overlaps(self, prefix: str, names: Collection[str]) -> list[tuple[str, str, str]]:
+        """(engine, record, record) for every two records under `prefix` and among `names` that
+        ran at once on one engine; builders sharing an engine are one machine.
+
+        `names` is the caller's own builds: the session's engines keep every earlier test's
+        records, and some tests run two builders on one engine on purpose."""
         found = []
         seen: set[str] = set()
         for builder, engine in self.engines.items():
             if engine.host in seen:
                 continue
             seen.add(engine.host)
-            records = [r for r in self.history(builder, prefix) if names is None or r.name in names]
+            records = [r for r in self.history(builder, prefix) if r.name in names]
             for i, a in enumerate(records):
                 found.extend((builder, a.name, b.name) for b in records[i + 1 :] if _overlap(a, b))
         return found
