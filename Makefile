@@ -4,7 +4,7 @@ SHELL := /bin/bash
 BIN := $(if $(VIRTUAL_ENV),$(VIRTUAL_ENV)/bin,$(CURDIR)/.venv/bin)
 export DAGSTER_HOME ?= $(CURDIR)/.dagster_home
 
-.PHONY: setup dev test lint demo
+.PHONY: setup dev test test-slow lint demo
 
 setup:
 	bash .ci/setup
@@ -16,13 +16,22 @@ dev: setup
 	cp dagster.yaml "$(DAGSTER_HOME)/dagster.yaml"
 	$(BIN)/python -m dagster dev -w workspace.yaml -h 127.0.0.1 -p 3000
 
-# The whole suite; the tests start their own registry, dockerd, sshd and PostgreSQL on loopback.
-# Two workers (pytest-xdist), a test module per worker at a time so module fixtures are shared:
-# about 8 minutes on 2 cores instead of 17. pytest's exit 5 (nothing collected) is a failure.
-test: setup
-	@status=0; $(BIN)/python -m pytest -n 2 --dist loadfile || status=$$?; \
-	if [ $$status -eq 5 ]; then echo "make test: pytest collected no tests" >&2; exit 1; fi; \
+# The tests start their own registry, dockerds, sshd and PostgreSQL on loopback. Two workers
+# (pytest-xdist), a test module per worker at a time so module fixtures are shared. pytest's
+# exit 5 (nothing collected) is a failure.
+PYTEST = @status=0; $(BIN)/python -m pytest -n 2 --dist loadfile -m $(1) || status=$$?; \
+	if [ $$status -eq 5 ]; then echo "make $@: pytest collected no tests" >&2; exit 1; fi; \
 	exit $$status
+
+# Everything but the tests marked slow: the everyday suite.
+test: setup
+	$(call PYTEST,"not slow")
+
+# The tests marked slow: the deployment under compose and the fault tests that hold a farm for
+# minutes (a 150-run burst, a cut link, a registry outage, a killed daemon, a fleet edit, the
+# authority stress). CI runs both targets.
+test-slow: setup
+	$(call PYTEST,slow)
 
 lint: setup
 	$(BIN)/python -m ruff check .

@@ -35,7 +35,7 @@ from rocm_assets_tests.helpers.daemon_farm import (
 from rocm_assets_tests.servers.dockerd import EnginePool, copy_e2e, make_builders
 from rocm_assets_tests.servers.registry import RegistryServer
 
-pytestmark = pytest.mark.real
+pytestmark = [pytest.mark.real, pytest.mark.slow]
 
 NODES = 4
 # 15 arches x 10 root targets: BURST independent builds.

@@ -42,7 +42,7 @@ from rocm_assets_tests.helpers.daemon_farm import (
 from rocm_assets_tests.servers.dockerd import E2E_BAKE_FILE, EnginePool, make_builders
 from rocm_assets_tests.servers.registry import RegistryServer
 
-pytestmark = pytest.mark.real
+pytestmark = [pytest.mark.real, pytest.mark.slow]
 
 BUILDERS = ("b1", "b2")
 ARCHES = ("gfx942", "gfx1100")

@@ -37,7 +37,7 @@ from rocm_assets_tests.helpers.daemon_farm import (
 from rocm_assets_tests.servers.dockerd import E2E_BAKE_FILE, EnginePool, make_builders, record_span
 from rocm_assets_tests.servers.registry import RegistryServer
 
-pytestmark = pytest.mark.real
+pytestmark = [pytest.mark.real, pytest.mark.slow]
 
 NODES = {"n-b1": "b1", "n-b2": "b2"}
 ARCHES = ("gfx942", "gfx1100")

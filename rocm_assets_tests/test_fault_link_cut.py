@@ -47,7 +47,7 @@ from rocm_assets_tests.helpers.daemon_farm import (
 from rocm_assets_tests.servers.dockerd import Builders, Dockerd, copy_e2e
 from rocm_assets_tests.servers.netns import HostRegistry, RemoteNode
 
-pytestmark = pytest.mark.real
+pytestmark = [pytest.mark.real, pytest.mark.slow]
 
 ARCH = "gfx942"
 HOLD_S = 30

@@ -202,6 +202,7 @@ def two_nodes(engines: EnginePool, e2e_context: Path, tmp_path: Path) -> Builder
     return make_builders(tmp_path / "docker-config", {"b1": engines.get(0), "b2": engines.get(1)})
 
 
+@pytest.mark.slow
 def test_a_registry_outage_under_the_bound_loses_no_build(
     two_nodes: Builders, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -270,6 +271,7 @@ def test_a_registry_outage_under_the_bound_loses_no_build(
         registry.stop()
 
 
+@pytest.mark.slow
 def test_a_build_placed_while_the_registry_is_down_waits_for_it_and_builds(
     builders: Builders, e2e_context: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -106,7 +106,14 @@ def test_readme_targets_are_intact() -> None:
     dev = make("dev", dry_run=True).stdout
     assert f"{BIN}/python -m dagster dev -w workspace.yaml -h 127.0.0.1 -p 3000" in dev
     test = make("test", dry_run=True).stdout
-    assert f"{BIN}/python -m pytest" in test
+    assert f'{BIN}/python -m pytest -n 2 --dist loadfile -m "not slow"' in test
+
+
+def test_the_slow_tests_have_a_target_of_their_own_and_ci_runs_both() -> None:
+    slow = make("test-slow", dry_run=True).stdout
+    assert f"{BIN}/python -m pytest -n 2 --dist loadfile -m slow" in slow
+    ci = (PROJECT_ROOT / ".ci" / "run").read_text().splitlines()
+    assert ci.index("make test") < ci.index("make test-slow")
 
 
 def test_demo_is_one_command_after_set_up() -> None:

@@ -238,6 +238,7 @@ def farm(
 
 
 @pytest.mark.real
+@pytest.mark.slow
 def test_no_two_builds_ever_share_a_machine(farm: Farm) -> None:
     submitters = [
         _start(
