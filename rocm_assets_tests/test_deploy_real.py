@@ -22,7 +22,6 @@ session on a fresh machine builds everything (about 10 minutes on 2 busy cores),
 what changed. The farm itself (containers, volumes) is made anew each session.
 """
 
-import fcntl
 import ipaddress
 import json
 import os
@@ -34,7 +33,6 @@ import sys
 import tempfile
 import time
 from collections.abc import Iterator, Mapping
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -44,7 +42,7 @@ import httpx
 import pytest
 
 from rocm_assets.core.build.invocation import build_name
-from rocm_assets_tests.helpers import PROJECT_ROOT, free_port, write_fleet
+from rocm_assets_tests.helpers import PROJECT_ROOT, free_port, locked, write_fleet
 from rocm_assets_tests.servers.dockerd import (
     E2E_DIR,
     Dockerd,
@@ -251,18 +249,6 @@ def _base_images(env: Mapping[str, str]) -> dict[str, str]:
     return dict(
         line.split("=", 1) for line in done.stdout.splitlines() if re.match(r"^ROCM_\w+=", line)
     )
-
-
-@contextmanager
-def _locked(path: Path) -> Iterator[None]:
-    """One session at a time on the persistent engine root."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with path.open("w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(lock, fcntl.LOCK_UN)
 
 
 @dataclass
@@ -476,7 +462,8 @@ def _write_registry(directory: Path, username: str, password: str) -> None:
 def farm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Farm]:
     """The deployment, up: images built (or reused), node and registry ready, `up --wait` done."""
     started = time.monotonic()
-    with _locked(DEPLOY_ROOT / "lock"):
+    # One session at a time on the persistent engine root.
+    with locked(DEPLOY_ROOT / "lock"):
         engine_proc, engine = start_dockerd(DEPLOY_ROOT / "engine", DEPLOY_ROOT / "engine.log")
         node_root = Path(tempfile.mkdtemp(prefix="rocm-deploy-node-"))
         # What _bring_up got as far as starting, for the teardown.

@@ -25,7 +25,6 @@ namespace, dockerd's mounts, the veth pair and the namespace. A node that cannot
 the test with a one-line reason and the log tail; it is never skipped.
 """
 
-import fcntl
 import ipaddress
 import os
 import shlex
@@ -46,6 +45,7 @@ import pytest
 
 from rocm_assets.core.bake.buildx import PLUGIN_NAME, find_buildx
 from rocm_assets.core.nodes.fleet import Node
+from rocm_assets_tests.helpers import locked
 from rocm_assets_tests.servers.dockerd import DockerdError, remove_root, start_dockerd, stop_dockerd
 from rocm_assets_tests.servers.fakes import DOCKER_REGISTRY
 
@@ -164,16 +164,6 @@ def _free_slot(start: int) -> Slot:
         if not any(slot.network.overlaps(n) for n in networks):
             return slot
     raise NodeStartError(f"no free /{_SLOT_PREFIX} left in {NETWORK}")
-
-
-@contextmanager
-def _slot_lock() -> Iterator[None]:
-    with _LOCK_FILE.open("a") as handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
 
 
 @dataclass
@@ -439,7 +429,7 @@ def start_node(name: str, builder: str, stack: ExitStack, logs: Path) -> RemoteN
     root = Path(tempfile.mkdtemp(prefix=f"rocm-{name}-"))
     stack.callback(shutil.rmtree, root, ignore_errors=True)
 
-    with _slot_lock():
+    with locked(_LOCK_FILE):
         slot = _free_slot(os.getpid() % _SLOTS)
         netns = f"rocm-{os.getpid()}-{slot.index}"
         _run(["ip", "netns", "add", netns])
