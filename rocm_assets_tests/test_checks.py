@@ -37,8 +37,8 @@ from dagster._core.storage.asset_check_execution_record import (
 )
 
 from rocm_assets.core.bake import BakeGraph, load_graph
-from rocm_assets.core.bake.names import job_name
 from rocm_assets.core.build.invocation import HistoryRecord, build_name, builder_env
+from rocm_assets.core.common.names import job_name
 from rocm_assets.core.nodes.fleet import Node
 from rocm_assets.core.nodes.probes import NodeCommandError, OutputTail, run_on_node
 from rocm_assets.defs.assets import build_bake_assets, build_jobs

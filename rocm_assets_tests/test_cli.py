@@ -1,7 +1,6 @@
 """`rocm-assets graph` and `check`, run as the installed console script (a real subprocess).
 
-Real: the CLI, and docker buildx bake (Debian's 0.29 plugin) resolving the files where the test
-does not ask for the builtin resolver.
+Real: the CLI, and docker buildx bake (Debian's 0.29 plugin) resolving the files.
 """
 
 import json
@@ -17,8 +16,11 @@ def test_graph_json_is_the_seeds() -> None:
     out = rocm_assets_cli("graph", "--json")
     assert out.returncode == 0, out.stderr
     data = json.loads(out.stdout)
-    assert set(data) == {"resolver", "buildx", "arch", "arches", "group", "target", "graph"}
-    assert (data["resolver"], data["arch"]) == ("bake", "gfx942")
+    assert list(data) == [
+        "resolved_by", "buildx", "arch", "published_inputs", "arches", "group", "target", "graph",
+    ]  # fmt: skip
+    assert data["resolved_by"] == f"docker buildx bake {data['buildx']}"
+    assert (data["arch"], data["published_inputs"]) == ("gfx942", False)
     assert data["buildx"].startswith("0.")
     assert len(data["target"]) == len(data["graph"]) == 16
     edges = {(d, n) for n, t in data["graph"].items() for d in t["deps"]}
@@ -31,11 +33,10 @@ def test_graph_json_is_the_seeds() -> None:
         and vllm["groups"] == ["default", "wheels", "serving"]
     )
     assert data["graph"]["triton-wheel"]["arch"] is False
-    # Each target as --print prints it, every field the farm reads present.
+    # Each target as --print prints it: bake's fields, in bake's order, the empty ones left out.
     printed = data["target"]["vllm"]
     assert list(printed) == [
-        "context", "dockerfile", "target", "args", "contexts", "tags", "labels", "cache-from",
-        "cache-to", "platforms", "output",
+        "context", "contexts", "dockerfile", "args", "tags", "cache-from", "cache-to", "platforms",
     ]  # fmt: skip
     assert printed["tags"] == ["zot.snoc.lan:5000/rocm-pytorch/vllm:2.15.0-10.1.0-full-gfx942"]
     assert printed["dockerfile"] == "docker/vllm.Dockerfile"
@@ -47,26 +48,15 @@ def test_graph_json_is_the_seeds() -> None:
     assert printed["platforms"] == ["linux/amd64"]
 
 
-def test_both_resolvers_give_bakes_answer_for_the_shipped_file() -> None:
-    bake = json.loads(rocm_assets_cli("graph", "--json", "--arch", "gfx950").stdout)
-    builtin = rocm_assets_cli("graph", "--json", "--arch", "gfx950", "--resolver", "builtin")
-    assert builtin.returncode == 0, builtin.stderr
-    data = json.loads(builtin.stdout)
-    assert (data["resolver"], data["buildx"]) == ("builtin", None)
-    assert {k: v for k, v in data.items() if k not in ("resolver", "buildx")} == {
-        k: v for k, v in bake.items() if k not in ("resolver", "buildx")
-    }
-
-
 def test_bake_is_asked_for_and_missing(tmp_path: Path) -> None:
-    # No docker CLI plugin anywhere on this PATH/config: bake cannot resolve, builtin can.
+    # $ROCM_BUILDX names a binary that is not there: one line naming it, not a search elsewhere.
     env = {
         "PATH": "/nonexistent",
         "HOME": str(tmp_path),
         "DOCKER_CONFIG": str(tmp_path / "docker"),
         "ROCM_BUILDX": str(tmp_path / "no-buildx"),
     }
-    out = rocm_assets_cli("graph", "--resolver", "bake", env=env)
+    out = rocm_assets_cli("graph", env=env)
     assert out.returncode == 2
     assert out.stderr.count("\n") == 1 and "no-buildx is not a working buildx binary" in out.stderr
 
@@ -101,8 +91,6 @@ def test_bad_file_is_one_line_exit_2(tmp_path: Path) -> None:
         'function named "frob".'
     )
     assert out.stderr.count("\n") == 1
-    builtin = rocm_assets_cli("graph", "--bake-file", str(bad), "--resolver", "builtin")
-    assert builtin.stderr == f"rocm-assets: error: {bad}:3: unknown function 'frob'\n"
     missing = rocm_assets_cli("check", "--bake-file", str(tmp_path / "nope.hcl"))
     assert (
         missing.returncode == 2

@@ -31,9 +31,9 @@ import pytest
 from dagster._core.instance.ref import InstanceRef
 
 from rocm_assets.core.bake import load_graph
-from rocm_assets.core.bake.buildx import find_buildx
 from rocm_assets.core.build.builds import Build, build_deps
 from rocm_assets.core.build.invocation import BUILDX_INSTALL_HINT, HistoryRecord, history
+from rocm_assets.core.common.buildx import find_buildx
 from rocm_assets.core.common.constants import ROCM_BUILD_TAG, ROCM_NODE_TAG
 from rocm_assets.core.nodes.fleet import load_fleet
 from rocm_assets_tests.helpers import PROJECT_ROOT, alive, free_port

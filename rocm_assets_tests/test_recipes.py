@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from rocm_assets.core.bake import load_graph
-from rocm_assets.core.bake.buildx import find_buildx
 from rocm_assets.core.build.recipes import check_recipes, exempt
+from rocm_assets.core.common.buildx import find_buildx
 from rocm_assets_tests.helpers import PROJECT_ROOT, SHIPPED_BAKE_FILE, rocm_assets_cli
 
 

@@ -22,12 +22,12 @@ from typing import Any
 
 from rocm_assets.cli.common import EXIT_ERROR, add_list
 from rocm_assets.core.bake import BakeGraph, load_graph
-from rocm_assets.core.bake.values import PARSE_BOOL_FALSE
 from rocm_assets.core.build.builds import SelectionError, check_arches, check_group
 from rocm_assets.core.build.invocation import builder_env
 from rocm_assets.core.common.constants import (
     ARCH_VAR,
     DEFAULT_GROUP,
+    PARSE_BOOL_FALSE,
     POOL_BUILDER,
     PUBLISHED_INPUTS_VAR,
 )

@@ -5,7 +5,6 @@ import sys
 from typing import Any, NoReturn
 
 from rocm_assets.core.bake import BakeGraph, load_graph
-from rocm_assets.core.bake.resolvers import RESOLVER_ENV, RESOLVERS
 from rocm_assets.core.common.constants import FLEET_FILE_ENV
 from rocm_assets.core.common.settings import bake_file_path
 
@@ -43,21 +42,14 @@ def warn(text: str) -> None:
 
 
 def graph_of(args: argparse.Namespace) -> BakeGraph:
-    """The bake file `--bake-file` names (else $ROCM_BAKE_FILE, else ./rocm-bake.hcl), resolved
-    by `--resolver` (else $ROCM_BAKE_RESOLVER, else bake where buildx is installed)."""
-    return load_graph(bake_file_path(args.bake_file), resolver=getattr(args, "resolver", None))
+    """The bake file `--bake-file` names (else $ROCM_BAKE_FILE, else ./rocm-bake.hcl), as bake
+    resolves it (or the manifest of bake's answer, where buildx is not installed)."""
+    return load_graph(bake_file_path(args.bake_file))
 
 
 def add_bake_file(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--bake-file", help="bake file (default: $ROCM_BAKE_FILE, else ./rocm-bake.hcl)"
-    )
-    parser.add_argument(
-        "--resolver",
-        choices=RESOLVERS,
-        help=f"who resolves the file: bake (docker buildx bake --print) or builtin (no buildx "
-        f"needed; refuses what it cannot read as bake does). Default: ${RESOLVER_ENV}, else "
-        "bake where buildx is installed",
     )
 
 

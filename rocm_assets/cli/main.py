@@ -9,7 +9,7 @@ import os
 import sys
 from collections.abc import Callable, Sequence
 
-from rocm_assets.cli import backfill, bench, buildall, graph, plan, preflight
+from rocm_assets.cli import backfill, bench, buildall, graph, manifest, plan, preflight
 from rocm_assets.cli.common import EXIT_ERROR, EXIT_OK, CliError, Parser, add_bake_file, add_fleet
 from rocm_assets.core.bake import BakeError
 from rocm_assets.core.build.builds import SelectionError
@@ -37,6 +37,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = Parser(prog="rocm-assets", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
     graph.add_parsers(sub)
+    manifest.add_parsers(sub)
     preflight.add_parsers(sub)
     plan.add_parsers(sub)
     bench.add_parsers(sub)
@@ -44,7 +45,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser(
         "watch",
         help="follow the farm live: a line per node, then the queue",
-        description="Follow the farm from the Dagster instance in $DAGSTER_HOME.",
+        description="Follow the farm from the Dagster instance in $DAGSTER_HOME (else in "
+        "./.dagster_home, where `make dev` keeps it).",
     )
     p.add_argument(
         "--interval", type=float, default=2.0, metavar="S", help="seconds between frames"
@@ -62,7 +64,8 @@ def build_parser() -> argparse.ArgumentParser:
         "stale",
         help="what would rebuild and why: missing, code version changed, input rebuilt",
         description="Per target and arch, what Dagster holds out of date and why, from the "
-        "instance in $DAGSTER_HOME and the bake file. Exit 0 whatever it finds.",
+        "instance in $DAGSTER_HOME (else in ./.dagster_home, where `make dev` keeps it) and the "
+        "bake file. Exit 0 whatever it finds.",
     )
     add_bake_file(p)
     p.add_argument("--json", action="store_true")

@@ -6,7 +6,6 @@ from typing import TYPE_CHECKING
 import dagster as dg
 
 from rocm_assets.core.bake import BakeGraph
-from rocm_assets.core.bake.names import job_name, op_name
 from rocm_assets.core.build.versions import definitions
 from rocm_assets.core.common.constants import (
     FANOUT_PARENT,
@@ -15,6 +14,7 @@ from rocm_assets.core.common.constants import (
     ROCM_FANOUT_TAG,
     WHEELS_GROUP,
 )
+from rocm_assets.core.common.names import job_name, op_name
 from rocm_assets.defs.automation import rebuild_condition
 from rocm_assets.defs.freshness import freshness_policy
 from rocm_assets.defs.resources.bake import BakeResource

@@ -29,8 +29,8 @@ import dagster as dg
 from pydantic import Field
 
 from rocm_assets.core.bake import BakeGraph
-from rocm_assets.core.bake.names import job_name
 from rocm_assets.core.common.constants import PARTITION_TAG
+from rocm_assets.core.common.names import job_name
 from rocm_assets.core.nodes.fleet import Fleet, FleetError, Node, load_fleet
 from rocm_assets.core.nodes.probes import CommandResult, NodeCommandError, run_on_node
 from rocm_assets.defs.assets import arch_partitions

@@ -28,8 +28,8 @@ from pathlib import Path
 
 import pytest
 
-from rocm_assets.core.bake.buildx import PLUGIN_NAME, find_buildx
 from rocm_assets.core.build.invocation import HistoryRecord, builder_env, history
+from rocm_assets.core.common.buildx import PLUGIN_NAME, find_buildx
 
 E2E_DIR = Path(__file__).resolve().parent.parent / "fixtures" / "e2e"
 E2E_BAKE_FILE = E2E_DIR / "bake.hcl"

@@ -43,7 +43,7 @@ from typing import Any
 import httpx
 import pytest
 
-from rocm_assets.core.bake.buildx import PLUGIN_NAME, find_buildx
+from rocm_assets.core.common.buildx import PLUGIN_NAME, find_buildx
 from rocm_assets.core.nodes.fleet import Node
 from rocm_assets_tests.helpers import locked
 from rocm_assets_tests.servers.dockerd import DockerdError, remove_root, start_dockerd, stop_dockerd

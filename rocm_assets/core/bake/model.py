@@ -12,20 +12,22 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any
 
+from rocm_assets.core.bake.buildx import ALL_GROUP, VALUES_TARGET, bake_verdict
 from rocm_assets.core.bake.errors import BakeError, boundary
-from rocm_assets.core.bake.evaluate import Evaluation
-from rocm_assets.core.bake.limits import MAX_ARCHES, Budget, quote
-from rocm_assets.core.bake.names import arch_problem, dagster_problems
-from rocm_assets.core.bake.parse import BakeFile, line_of, load_bake
+from rocm_assets.core.bake.limits import MAX_ARCHES
+from rocm_assets.core.bake.manifest import PrintKey, print_key
 from rocm_assets.core.bake.resolvers import Resolver, choose
-from rocm_assets.core.bake.targets import ResolvedBake, Target
-from rocm_assets.core.bake.values import to_string
+from rocm_assets.core.bake.source import Outline, UnreadableSyntax, read_outline
+from rocm_assets.core.bake.targets import ResolvedBake, Target, answer
+from rocm_assets.core.common.buildx import find_buildx
 from rocm_assets.core.common.constants import (
     ARCH_LIST_ATTR,
     ARCH_VAR,
     PUBLISHED_INPUTS_VAR,
     TEST_TARGETS_ATTR,
 )
+from rocm_assets.core.common.names import arch_problem, dagster_problems
+from rocm_assets.core.common.text import quote
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,44 +44,50 @@ class BakeGraph:
     Private targets (a leading `_`, bake's convention for inherited bases) are not buildable.
     """
 
-    def __init__(
-        self,
-        bake: BakeFile,
-        env: Mapping[str, str] | None = None,
-        resolver: str | None = None,
-    ):
-        self.bake = bake
-        self.path = bake.path
+    def __init__(self, outline: Outline, env: Mapping[str, str] | None = None):
+        self.outline = outline
+        self.path = outline.path
         # Like bake, variables come from the environment (REGISTRY, SDE_*, ...); the arch and
         # the input mode are set per evaluation instead.
         source = os.environ if env is None else env
         self.base_env = {
             k: v for k, v in source.items() if k not in (ARCH_VAR, PUBLISHED_INPUTS_VAR)
         }
-        # One budget for every evaluation of the file, so a load is bounded as a whole.
-        self.budget = Budget()
         self._cache: dict[tuple[str, bool], ResolvedBake] = {}
+        # Bake's JSON for each call made, by (GPU_ARCH or "", PUBLISHED_INPUTS): the manifest.
+        self.prints: dict[PrintKey, dict[str, Any]] = {}
         with boundary(self.path):
-            self.resolver: Resolver = choose(bake, source, resolver)
+            for reserved in (VALUES_TARGET, ALL_GROUP):
+                if reserved in outline.targets or reserved in outline.groups:
+                    raise BakeError(
+                        f"{quote(reserved)} is the name rocm-assets asks bake for its values "
+                        "under: rename the block",
+                        path=self.path,
+                        line=outline.targets[reserved][0].line
+                        if reserved in outline.targets
+                        else outline.groups[reserved],
+                    )
+            self.resolver: Resolver = choose(outline, source)
             self._load()
 
     def _load(self) -> None:
-        static = Evaluation(self.bake, self._env(None, published=False), self.budget)
-        self.arches: tuple[str, ...] = self._arches(self._static(static, ARCH_LIST_ATTR))
-        default = self._static(static, ARCH_VAR)
+        # The file's own default arch first: bake's values say which arches there are.
+        (first,) = self._call([self._env(None, published=False)])
+        self.arches: tuple[str, ...] = self._arches(first.values.get(ARCH_LIST_ATTR))
+        default = first.values.get(ARCH_VAR)
         self._default_arch = default if isinstance(default, str) and default else None
         if self._default_arch is not None and self._default_arch not in self.arches:
             raise BakeError(
                 f"{ARCH_VAR}'s default {quote(self._default_arch)} is not one of {ARCH_LIST_ATTR} "
                 f"({', '.join(self.arches)})",
                 path=self.path,
-                line=self._line(ARCH_VAR),
+                line=self.outline.line(ARCH_VAR),
             )
-        # Every arch at once: bake runs once per arch, concurrently.
+        self._cache[self._key(None, False)] = first
+        # Every other arch at once: bake runs once per arch, concurrently.
         self.prefetch(published=False)
-        first = self.resolve(None)
         self.targets: tuple[str, ...] = ()
-        names = [n for n in first.targets if not n.startswith("_")]
+        names = list(first.targets)
         deps: dict[str, set[str]] = {n: set() for n in names}
         for arch in self.arches:
             resolved = self.resolve(arch)
@@ -88,34 +96,29 @@ class BakeGraph:
         self.deps: dict[str, tuple[str, ...]] = {n: tuple(sorted(d)) for n, d in deps.items()}
         self.targets = self._topological(names)
         self.per_arch = frozenset(n for n in names if self._varies_with_arch(n))
-        self.groups: dict[str, tuple[str, ...]] = {g: first.expand([g]) for g in first.groups}
+        # In the file's order (bake prints them sorted): `default`, then as written.
+        order = {g: i for i, g in enumerate(self.outline.groups)}
+        named = sorted(first.groups, key=lambda g: (g != "default", order.get(g, len(order)), g))
+        self.groups: dict[str, tuple[str, ...]] = {g: first.expand([g]) for g in named}
         self.test_targets = self._test_targets(first.values.get(TEST_TARGETS_ATTR))
         self._check_dagster_names(first)
 
     @property
-    def resolver_version(self) -> str | None:
-        """The buildx version that resolved the file; None for the builtin resolver."""
-        buildx = getattr(self.resolver, "buildx", None)
-        return buildx.version_text if buildx is not None else None
+    def default_arch(self) -> str:
+        """The arch bake resolves for when GPU_ARCH is unset: the file's default."""
+        return self._default_arch or self.arches[0]
+
+    @property
+    def resolver_version(self) -> str:
+        """The buildx version that answered: this host's, or the manifest's writer's."""
+        return self.resolver.version_text
 
     @property
     def resolver_label(self) -> str:
-        version = self.resolver_version
-        return f"docker buildx bake {version}" if version else "the builtin resolver"
-
-    def _static(self, ev: Evaluation, name: str) -> Any:
-        """A top-level value read without bake: the arch list and the default arch."""
-        return ev.value(name) if name in ev.names() else None
-
-    def _line(self, name: str) -> int | None:
-        """The line that declares a top-level name (attribute or variable)."""
-        if name in self.bake.attrs:
-            return line_of(self.bake.attrs[name])
-        block = self.bake.variables.get(name)
-        return block.line if block else None
+        return self.resolver.label
 
     def _arches(self, raw: Any) -> tuple[str, ...]:
-        line = self._line(ARCH_LIST_ATTR)
+        line = self.outline.line(ARCH_LIST_ATTR)
         if not isinstance(raw, list) or not raw or not all(isinstance(a, str) and a for a in raw):
             raise BakeError(
                 f"{ARCH_LIST_ATTR} must be a non-empty list of GPU arch names",
@@ -150,10 +153,18 @@ class BakeGraph:
         if raw is None:
             return {}
         if not isinstance(raw, list):
-            raise BakeError(f"{TEST_TARGETS_ATTR} must be a list of target names", path=self.path)
+            raise BakeError(
+                f"{TEST_TARGETS_ATTR} must be a list of target names",
+                path=self.path,
+                line=self.outline.line(TEST_TARGETS_ATTR),
+            )
         tests = {}
-        line = self._line(TEST_TARGETS_ATTR)
-        for name in map(to_string, raw):
+        line = self.outline.line(TEST_TARGETS_ATTR)
+        for name in raw:
+            if not isinstance(name, str):
+                raise BakeError(
+                    f"{TEST_TARGETS_ATTR} must be a list of target names", path=self.path, line=line
+                )
             if name not in self.deps:
                 raise BakeError(
                     f"{TEST_TARGETS_ATTR}: no target named {quote(name)}", path=self.path, line=line
@@ -194,7 +205,7 @@ class BakeGraph:
                 raise BakeError(
                     f"{ARCH_VAR}={arch} is not one of {ARCH_LIST_ATTR} ({', '.join(self.arches)})",
                     path=self.path,
-                    line=self._line(ARCH_LIST_ATTR),
+                    line=self.outline.line(ARCH_LIST_ATTR),
                 )
             key = self._key(arch, published)
             if key not in self._cache:
@@ -202,9 +213,7 @@ class BakeGraph:
         if not wanted:
             return
         envs = [self._env(arch, published=published) for arch in wanted.values()]
-        for key, resolved in zip(
-            wanted, self.resolver.resolve_many(envs, self.budget), strict=True
-        ):
+        for key, resolved in zip(wanted, self._call(envs), strict=True):
             self._cache[key] = resolved
             first = next(iter(self._cache.values()))
             if resolved.targets.keys() != first.targets.keys():
@@ -215,6 +224,15 @@ class BakeGraph:
                     f"{PUBLISHED_INPUTS_VAR}={int(published)}): a matrix or name must not depend on them",
                     path=self.path,
                 )
+
+    def _call(self, envs: list[dict[str, str]]) -> list[ResolvedBake]:
+        """Bake's answer for each environment, read into targets, groups and values."""
+        out = []
+        for env, data in zip(envs, self.resolver.prints(envs), strict=True):
+            self.prints[print_key(env)] = data
+            with boundary(self.path):
+                out.append(answer(self.outline, env, data, self.resolver.version))
+        return out
 
     def resolve(self, arch: str | None, *, published: bool = False) -> ResolvedBake:
         """The file resolved for one arch (default: the bake file's own default) and input mode."""
@@ -324,66 +342,23 @@ class BakeGraph:
         return tuple(found.values())
 
 
-def load_graph(
-    path: str | Path, env: Mapping[str, str] | None = None, resolver: str | None = None
-) -> BakeGraph:
-    """Parse, resolve and check a bake file into a BakeGraph; any problem is one BakeError line.
-
-    `env` holds the variable overrides, as bake's environment does (default: os.environ);
-    `resolver` is bake, builtin, or None for bake where buildx is installed.
-    """
-    return BakeGraph(load_bake(path), env, resolver)
-
-
-def check_drift(graph: BakeGraph) -> list[str]:
-    """Problems where the file contradicts itself; empty when it is consistent.
-
-    - every `PUB_*` value (the registry reference that replaces a `target:` context when
-      PUBLISHED_INPUTS=1) must equal, for every arch, a tag of the target it mirrors;
-    - a `target:` context must have such a replacement, and none may survive in published mode.
-
-    Group members that do not exist already fail `load_graph`, which expands every group.
-    """
-    problems: list[str] = []
-    for arch in graph.arches:
-        for name in graph.targets:
-            problems.extend(_target_drift(graph, name, arch))
-    return list(dict.fromkeys(problems))
-
-
-def _target_drift(graph: BakeGraph, name: str, arch: str) -> list[str]:
-    problems = []
-    arch = graph.build_arch(name, arch)
-    linked = graph.resolve(arch).targets[name]
-    pub = graph.resolve(arch, published=True)
-    published = pub.targets[name]
-    for context, producer in published.target_links.items():
-        problems.append(
-            f"{arch}: target {name!r} keeps context {context!r} = target:{producer} with "
-            f"{PUBLISHED_INPUTS_VAR}=1, so bake would rebuild {producer!r}"
-        )
-    for context, producer in linked.target_links.items():
-        args = [a for a, v in linked.args.items() if v == context]
-        if not args:
-            problems.append(
-                f"target {name!r}: context {context!r} (target:{producer}) is passed in no arg, so "
-                f"{PUBLISHED_INPUTS_VAR}=1 has no registry reference to use instead"
-            )
-        want = pub.targets[producer].tags
-        for arg in args:
-            got = published.args.get(arg)
-            if got in want:
-                continue
-            names = [k for k, v in pub.values.items() if k.startswith("PUB_") and v == got]
-            label = names[0] if names else f"arg {arg}"
-            problems.append(
-                f"{arch}: {label} (target {name!r} arg {arg}) = {got!r} but {producer!r} is tagged "
-                f"{', '.join(repr(t) for t in want) or 'nothing'}"
-            )
-    registry = {ref.split("/", 1)[0] for t in pub.targets.values() for ref in t.tags}
-    for context, ref in published.image_contexts.items():
-        if ref.split("/", 1)[0] in registry and pub.tag_owner(ref) is None:
-            problems.append(
-                f"{arch}: target {name!r} context {context!r} = docker-image://{ref} matches no target's tag"
-            )
-    return problems
+def load_graph(path: str | Path, env: Mapping[str, str] | None = None) -> BakeGraph:
+    """Read a bake file, ask bake for its answer and check it into a BakeGraph; any problem is one
+    BakeError line. `env` is bake's environment (default: os.environ)."""
+    env = os.environ if env is None else env
+    with boundary(Path(path)):
+        try:
+            outline = read_outline(path, env)
+        except UnreadableSyntax as exc:
+            # Bake's error names the problem best; if bake accepts the line, say python-hcl2 cannot.
+            buildx = find_buildx(env)
+            if buildx is None:
+                raise
+            bake_verdict(buildx, Path(path), env)
+            raise BakeError(
+                f"{exc.message} (docker buildx accepts it, but python-hcl2, which rocm-assets reads "
+                "the file's names and lines with, does not: write the line another way)",
+                path=exc.path,
+                line=exc.line,
+            ) from None
+    return BakeGraph(outline, env)

@@ -1,8 +1,7 @@
 """Targets in the shape `docker buildx bake --print` prints them, whichever buildx printed them.
 
-Both resolvers meet here: the bake resolver reads `--print`'s JSON through `canonical`, and the
-builtin one writes its targets through `print_entry`, so `rocm-assets graph --json`, the
-differential tests and the graph itself see one shape. Representation only is normalised:
+Bake 0.13 and 0.29 print the same answer in different shapes; `canonical` reads either, so
+`rocm-assets graph --json` and the graph itself see one shape. Representation only is normalised:
 
 - `cache-from`, `cache-to` and `output` are objects (buildx >= 0.19 prints them so; older ones
   print the CSV strings they were written as, which are parsed as buildx parses them);
@@ -22,11 +21,6 @@ PRINT_KEYS = (
     "dockerfile-inline", "args", "labels", "tags", "cache-from", "cache-to", "target", "secret",
     "ssh", "platforms", "output", "pull", "no-cache", "network", "no-cache-filter", "shm-size",
     "ulimits", "resources", "call", "entitlements", "extra-hosts", "policy",
-)  # fmt: skip
-# The fields `rocm-assets graph --json` prints for every target, empty or not.
-GRAPH_KEYS = (
-    "context", "dockerfile", "target", "args", "contexts", "tags", "labels", "cache-from",
-    "cache-to", "platforms", "output",
 )  # fmt: skip
 # Fields whose string values buildx >= 0.23 escapes in --print (Target.MarshalJSON).
 ESCAPED_MAPS = ("args", "labels", "extra-hosts")
@@ -123,12 +117,3 @@ def canonical(entry: Mapping[str, Any], *, version: tuple[int, ...] | None = Non
             value = dict(sorted(value.items()))
         out[key] = value
     return out
-
-
-def graph_entry(entry: Mapping[str, Any]) -> dict[str, Any]:
-    """A canonical entry with every `graph --json` field present, empty ones included."""
-    empty: dict[str, Any] = {
-        "context": ".", "dockerfile": "Dockerfile", "target": None, "args": {}, "contexts": {},
-        "tags": [], "labels": {}, "cache-from": [], "cache-to": [], "platforms": [], "output": [],
-    }  # fmt: skip
-    return {key: entry.get(key, empty[key]) for key in GRAPH_KEYS}

@@ -1,145 +1,78 @@
-"""Who resolves the bake file: bake itself where buildx is installed, else the builtin evaluator.
+"""Where bake's answer comes from: bake itself where buildx is installed, else the manifest bake
+wrote on a host that has it. Both give `--print`'s JSON, read by `targets.answer` alike."""
 
-Both answer the same question (every target of the file under one environment, as `--print`
-prints it), so the graph does not know which one answered. What `--print` does not say comes
-from the static reading (python-hcl2 and the builtin evaluator, lazily): the top-level values the
-farm reads (the arch list, the test targets, `PUB_*` labels), group members and line numbers.
-"""
-
-import os
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any, Protocol
 
-from rocm_assets.core.bake import blocks
-from rocm_assets.core.bake.buildx import BakePrinter, Buildx, find_buildx
-from rocm_assets.core.bake.errors import BakeError, boundary
-from rocm_assets.core.bake.evaluate import Evaluation
-from rocm_assets.core.bake.features import minimum
-from rocm_assets.core.bake.limits import Budget
-from rocm_assets.core.bake.parse import BakeFile
-from rocm_assets.core.bake.targets import ResolvedBake, Target, check_tags, resolve
-
-BAKE, BUILTIN = "bake", "builtin"
-RESOLVERS = (BAKE, BUILTIN)
-# `bake`, `builtin`, or unset for bake where buildx is installed.
-RESOLVER_ENV = "ROCM_BAKE_RESOLVER"
+from rocm_assets.core.bake.buildx import BakePrinter
+from rocm_assets.core.bake.errors import BakeError
+from rocm_assets.core.bake.manifest import (
+    REWRITE,
+    Manifest,
+    load_manifest,
+    manifest_path,
+    print_key,
+)
+from rocm_assets.core.bake.source import Outline
+from rocm_assets.core.common.buildx import Buildx, find_buildx
 
 
 class Resolver(Protocol):
-    name: str
+    """`--print`'s JSON for each environment, and the buildx version that printed it."""
 
-    def resolve_many(
-        self, envs: Sequence[Mapping[str, str]], budget: Budget
-    ) -> list[ResolvedBake]: ...
+    version: tuple[int, ...]
+    version_text: str
+    label: str
 
-
-class StaticValues(Mapping[str, Any]):
-    """The file's top-level values, each evaluated by the builtin reader when first asked for."""
-
-    def __init__(self, ev: Evaluation):
-        self._ev = ev
-        self._names = ev.names()
-
-    def __getitem__(self, name: str) -> Any:
-        if name not in self._names:
-            raise KeyError(name)
-        return self._ev.value(name)
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(self._names)
-
-    def __len__(self) -> int:
-        return len(self._names)
-
-
-class BuiltinResolver:
-    """The builtin evaluator: bake's answer, or a refusal naming what needs buildx."""
-
-    name = BUILTIN
-
-    def __init__(self, bake: BakeFile):
-        self.bake = bake
-
-    def resolve_many(self, envs: Sequence[Mapping[str, str]], budget: Budget) -> list[ResolvedBake]:
-        return [_checked(resolve(self.bake, env, budget)) for env in envs]
-
-
-def _checked(resolved: ResolvedBake) -> ResolvedBake:
-    """The farm's own check on what either resolver answered: every tag a valid reference,
-    before any build or registry lookup uses it."""
-    for target in resolved.targets.values():
-        check_tags(target, resolved.path)
-    return resolved
+    def prints(self, envs: Sequence[Mapping[str, str]]) -> list[dict[str, Any]]: ...
 
 
 class BuildxResolver:
-    """`docker buildx bake --print` for every environment at once."""
-
-    name = BAKE
-
-    def __init__(self, bake: BakeFile, buildx: Buildx, env: Mapping[str, str]):
-        self.bake = bake
+    def __init__(self, outline: Outline, buildx: Buildx, env: Mapping[str, str]):
         self.buildx = buildx
-        self.printer = BakePrinter(buildx, bake, env=env)
+        self.version = buildx.version
+        self.version_text = buildx.version_text
+        self.label = f"docker buildx bake {buildx.version_text}"
+        self.printer = BakePrinter(buildx, outline, env=env)
 
-    def _line(self, ev: Evaluation, name: str) -> int | None:
-        if name in self.bake.targets:
-            return self.bake.targets[name][0].line
-        # A matrix target: its block's line, if the static reading can expand the matrix.
-        try:
-            parts = ev.expansion.targets.get(name)
-        except BakeError:
-            return None
-        return parts[0].block.line if parts else None
+    def prints(self, envs: Sequence[Mapping[str, str]]) -> list[dict[str, Any]]:
+        return self.printer.print_many(envs)
 
-    def resolve_many(self, envs: Sequence[Mapping[str, str]], budget: Budget) -> list[ResolvedBake]:
-        needs = minimum(self.bake)
-        if needs is not None and needs.version > self.buildx.version:
-            # Said before bake says `Unsupported argument`: what to install, not what is wrong.
-            raise BakeError(
-                f"{needs}, and the installed buildx is {self.buildx.version_text}: install "
-                f"docker-buildx {needs.version_text} or later (Debian testing has 0.29)",
-                path=self.bake.path,
-                line=needs.line,
-            )
-        names = [n for n in self.bake.targets if not n.startswith("_")]
-        printed = self.printer.print_many(envs, names)
+
+class ManifestResolver:
+    def __init__(self, manifest: Manifest):
+        self.manifest = manifest
+        self.version = manifest.version
+        self.version_text = manifest.buildx
+        self.label = f"docker buildx bake {manifest.buildx}, read from {manifest.path.name}"
+
+    def prints(self, envs: Sequence[Mapping[str, str]]) -> list[dict[str, Any]]:
         out = []
-        for env, entries in zip(envs, printed, strict=True):
-            ev = Evaluation(self.bake, dict(env), budget)
-            with boundary(self.bake.path):
-                found = [Target(name, self._line(ev, name), e) for name, e in entries.items()]
-                # In the file's order, as the builtin gives them (bake prints them sorted).
-                found.sort(key=lambda t: t.line or len(self.bake.text))
-                targets = {t.name: t for t in found}
-                groups = {name: tuple(blocks.group(ev, name)) for name in blocks.group_names(ev)}
-                lines = {name: blocks.group_line(ev, name) for name in groups}
-            resolved = ResolvedBake(
-                self.bake.path, dict(env), StaticValues(ev), targets, groups, lines
-            )
-            out.append(_checked(resolved))
+        for env in envs:
+            key = print_key(env)
+            if key not in self.manifest.prints:
+                arch, published = key
+                raise BakeError(
+                    f"holds no answer for GPU_ARCH={arch or '(default)'} "
+                    f"PUBLISHED_INPUTS={int(published)}: {REWRITE}",
+                    path=self.manifest.path,
+                )
+            out.append(self.manifest.prints[key])
         return out
 
 
-def choose(
-    bake: BakeFile, env: Mapping[str, str] | None = None, name: str | None = None
-) -> Resolver:
-    """`name` (else $ROCM_BAKE_RESOLVER): bake, builtin, or bake where buildx is installed."""
-    env = os.environ if env is None else env
-    name = name or env.get(RESOLVER_ENV) or None
-    if name is not None and name not in RESOLVERS:
-        raise BakeError(
-            f"unknown resolver {name!r} (from --resolver or ${RESOLVER_ENV}): use bake or builtin"
-        )
-    if name == BUILTIN:
-        return BuiltinResolver(bake)
+def choose(outline: Outline, env: Mapping[str, str]) -> Resolver:
+    """Bake where buildx is installed; else a manifest that matches; else one line on buildx."""
     buildx = find_buildx(env)
     if buildx is not None:
-        return BuildxResolver(bake, buildx, env)
-    if name == BAKE:
-        raise BakeError(
-            "--resolver bake needs docker buildx, and none is installed here (the docker CLI's "
-            "cli-plugins dirs have no docker-buildx): install it, or use --resolver builtin",
-            path=bake.path,
-        )
-    return BuiltinResolver(bake)
+        return BuildxResolver(outline, buildx, env)
+    path = manifest_path(outline.path, env)
+    if path.is_file():
+        return ManifestResolver(load_manifest(path, outline, env))
+    raise BakeError(
+        "docker buildx is not installed here (no docker-buildx in the docker CLI's cli-plugins "
+        "dirs) and there is no manifest of bake's answer "
+        f"({path.name}): install docker-buildx (Debian: apt-get install docker-buildx), or run "
+        "`rocm-assets manifest` where it is installed and bring the manifest here",
+        path=outline.path,
+    )

@@ -1,23 +1,23 @@
-"""Resolved bake targets: what `docker buildx bake --print` says of each, whichever resolver
-answered, and the builtin resolver that answers without buildx.
+"""Resolved bake targets: bake's `--print` answer for one environment, as the graph reads it.
 
-A `Target` is a view over its --print entry (`printed`), so the graph, `rocm-assets graph --json`
-and the differential tests read one shape. The builtin resolver writes its evaluation into that
-shape, and refuses (`NeedsBuildx`) what it cannot write exactly as bake would.
+A `Target` is a view over its --print entry (`printed`, in `printed.canonical`'s shape), so the
+graph and `rocm-assets graph --json` read one shape, whichever buildx printed it. `answer` turns
+one print (from bake now, or from a manifest bake wrote) into targets, groups and values.
 """
 
+import json
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from rocm_assets.core.bake import blocks, calls, fields
-from rocm_assets.core.bake.errors import BakeError, Unfollowed, boundary
-from rocm_assets.core.bake.evaluate import Evaluation
-from rocm_assets.core.bake.features import minimum
-from rocm_assets.core.bake.limits import MAX_DEPTH, Budget, quote
-from rocm_assets.core.bake.parse import BakeFile
+from rocm_assets.core.bake.buildx import ALL_GROUP, VALUES_TARGET, requested
+from rocm_assets.core.bake.errors import BakeError
+from rocm_assets.core.bake.limits import MAX_DEPTH
+from rocm_assets.core.bake.printed import PrintShapeError, canonical
+from rocm_assets.core.bake.source import Outline
+from rocm_assets.core.common.text import quote
 
 TARGET_PREFIX = "target:"
 IMAGE_PREFIX = "docker-image://"
@@ -29,13 +29,6 @@ _REFERENCE = re.compile(
     r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*(?:/[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*)*"
     r"(?::[A-Za-z0-9_][A-Za-z0-9_.-]{0,127})?(?:@sha256:[a-f0-9]{64})?"
 )
-
-
-def builtin_entry(ev: Evaluation, name: str) -> dict:
-    """A target as the builtin resolver resolves it, written as bake's --print writes it."""
-    resolved = blocks.target(ev, name)
-    assert resolved is not None  # a target met first is never skipped
-    return fields.entry(resolved)
 
 
 @dataclass(frozen=True, slots=True)
@@ -153,85 +146,77 @@ class ResolvedBake:
         return next((t.name for t in self.targets.values() if ref in t.tags), None)
 
 
-def resolve(
-    bake: BakeFile,
-    env: Mapping[str, str],
-    budget: Budget | None = None,
-    *,
-    version: tuple[int, int, int] | None = None,
+def _entry(outline: Outline, name: str, entry: Any, version: tuple[int, ...]) -> dict[str, Any]:
+    if not isinstance(entry, dict):
+        raise BakeError(
+            f"docker buildx bake --print: target {quote(name)} is not an object", path=outline.path
+        )
+    try:
+        return canonical(entry, version=version)
+    except PrintShapeError as exc:
+        raise BakeError(
+            f"docker buildx bake --print: target {quote(name)}: {exc}", path=outline.path
+        ) from None
+
+
+def _values(outline: Outline, printed: Mapping[str, Any]) -> dict[str, Any]:
+    """The top-level values, as bake's jsonencode wrote them into the probe target's args."""
+    args = printed.get("args", {})
+    values = {}
+    for name in outline.values:
+        try:
+            values[name] = json.loads(args[name])
+        except (KeyError, TypeError, ValueError):
+            raise BakeError(
+                f"docker buildx bake --print gave no value for {quote(name)}",
+                path=outline.path,
+                line=outline.line(name),
+            ) from None
+    return values
+
+
+def answer(
+    outline: Outline, env: Mapping[str, str], data: Mapping[str, Any], version: tuple[int, ...]
 ) -> ResolvedBake:
-    """Evaluate a parsed bake file under `env` into targets and groups, as bake would.
-
-    `budget` bounds the work; a graph shares one across its evaluations. With `version`, a
-    file that needs a newer buildx (see `features`) fails as that bake would fail it.
-    """
-    with boundary(bake.path):
-        if version is not None:
-            needs = minimum(bake)
-            if needs is not None and needs.version > version:
-                raise BakeError(
-                    f"{needs}: bake {'.'.join(map(str, version))} refuses this file",
-                    path=bake.path,
-                    line=needs.line,
-                )
-        ev = Evaluation(bake, dict(env), budget)
-        try:
-            return _resolve(ev)
-        except Unfollowed as exc:
-            raise ev.refusal(exc) from None
-
-
-def _check_links(
-    ev: Evaluation, targets: Mapping[str, Target], failed: Mapping[str, BakeError]
-) -> None:
-    """Bake's loadLinks over every public target: a `target:` link to itself, a loop, a missing
-    or failed target, or platforms the linked target does not build, fails the file."""
-
-    def visit(name: str, visited: tuple[str, ...]) -> None:
-        if name in failed:
-            raise failed[name]
-        if name not in targets:
-            raise ev.error(f"failed to find target {quote(name)}")
-        target = targets[name]
-        for linked in target.target_links.values():
-            if linked == name:
-                raise ev.error(f"target {quote(name)} cannot link to itself")
-            if linked in visited:
-                raise ev.error(f"infinite loop from {quote(name)} to {quote(linked)}")
-            visit(linked, (*visited, name))
-            mine = list(target.printed.get("platforms", ()))
-            theirs = list(targets[linked].printed.get("platforms", ()))
-            if len(mine) > 1 and len(theirs) > 1 and mine != theirs:
-                if not set(mine) <= set(theirs):
-                    raise ev.error(
-                        f"target {quote(linked)} can't be used by {quote(name)}: platforms differ"
-                    )
-                # 0.13.1 wants the same list, 0.29 a subset.
-                raise Unfollowed("a linked target that builds more platforms")
-
-    for name in targets:
-        if not name.startswith("_"):
-            visit(name, ())
-
-
-def _resolve(ev: Evaluation) -> ResolvedBake:
-    values = {name: ev.value(name) for name in ev.names()}
-    ev.validate()
-    calls.check_functions(ev)
-    targets: dict[str, Target] = {}
-    # Bake evaluates every block, but resolves (inherits, links) only the targets it is asked
-    # for and what they use: a private target that fails there fails only where it is used.
-    failed: dict[str, BakeError] = {}
-    for name, parts in ev.expansion.targets.items():
-        blocks.own(ev, name)
-        line = parts[0].block.line
-        try:
-            targets[name] = Target(name, line, builtin_entry(ev, name))
-        except BakeError as exc:
-            if not name.startswith("_"):
-                raise
-            failed[name] = exc
-    _check_links(ev, targets, failed)
-    groups = {name: tuple(blocks.group(ev, name)) for name in blocks.group_names(ev)}
-    lines = {name: blocks.group_line(ev, name) for name in groups}
-    return ResolvedBake(ev.bake.path, dict(ev.env), values, targets, groups, lines)
+    """One `--print` of the probe group (`buildx.probe_text`) as targets, groups and values."""
+    raw = data.get("target") or {}
+    if VALUES_TARGET not in raw:
+        raise BakeError(
+            "docker buildx bake --print left out rocm-assets' values target", path=outline.path
+        )
+    values = _values(outline, _entry(outline, VALUES_TARGET, raw[VALUES_TARGET], version))
+    # Each group as written; `default` also lists what was asked for (an empty group there adds
+    # no target), and is the file's only if the file declares one.
+    asked = set(requested(outline))
+    groups: dict[str, tuple[str, ...]] = {}
+    for name, group in (data.get("group") or {}).items():
+        if name == ALL_GROUP or (name == "default" and name not in outline.groups):
+            continue
+        members = group.get("targets") if isinstance(group, dict) else None
+        if not isinstance(members, list) or not all(isinstance(m, str) for m in members):
+            raise BakeError(
+                f"docker buildx bake --print: group {quote(name)} has no target list",
+                path=outline.path,
+            )
+        groups[name] = tuple(m for m in members if not (name == "default" and m in asked))
+    # A matrix target's line is its block's: the group its label became names it.
+    made = {
+        member: label for label in groups if label in outline.targets for member in groups[label]
+    }
+    found = []
+    for name, entry in raw.items():
+        if name == VALUES_TARGET or name.startswith("_"):
+            continue
+        label = name if name in outline.targets else made.get(name)
+        line = outline.targets[label][0].line if label else None
+        target = Target(name, line, _entry(outline, name, entry, version))
+        check_tags(target, outline.path)
+        found.append(target)
+    # In the file's order (bake prints them sorted).
+    found.sort(key=lambda t: t.line or 1 << 30)
+    lines = {
+        g: outline.groups.get(g) or outline.targets[g][0].line
+        for g in groups
+        if g in outline.groups or g in outline.targets
+    }
+    return ResolvedBake(outline.path, dict(env), values, {t.name: t for t in found}, groups, lines)

@@ -11,13 +11,13 @@ from dataclasses import dataclass
 from functools import total_ordering
 
 from rocm_assets.core.bake import BakeGraph
-from rocm_assets.core.bake.limits import quote
-from rocm_assets.core.bake.names import arch_problem, op_name as op_name
 from rocm_assets.core.common.constants import (
     PARTITION_RANGE_END_TAG,
     PARTITION_RANGE_START_TAG,
     PARTITION_TAG,
 )
+from rocm_assets.core.common.names import arch_problem, op_name as op_name
+from rocm_assets.core.common.text import quote
 
 
 class SelectionError(ValueError):

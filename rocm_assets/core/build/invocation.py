@@ -23,8 +23,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from rocm_assets.core.bake.buildx import find_buildx
 from rocm_assets.core.build import guard as bake_guard
+from rocm_assets.core.common.buildx import find_buildx
 from rocm_assets.core.common.constants import (
     ARCH_VAR,
     BUILD_NAME_ARG,

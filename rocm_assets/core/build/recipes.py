@@ -1,7 +1,7 @@
 """The bake file against its Dockerfiles: the half of `rocm-assets check` that reads docker/.
 
 For every buildable target, in both input modes (PUBLISHED_INPUTS 0 and 1, as
-`BakeGraph.resolve(arch, published=...)` evaluates them) and for every arch it builds for:
+bake resolves them, `BakeGraph.resolve(arch, published=...)`) and for every arch it builds for:
 
 - its Dockerfile exists (bake resolves `dockerfile` against the target's `context`, and a relative
   `context` against the directory bake runs in: the bake file's, as the farm runs it);
@@ -25,14 +25,9 @@ too where it has one, and ending with the mode or arches it is limited to.
 import os
 from collections.abc import Iterator, Mapping
 from pathlib import Path
-from typing import Any
-
-from hcl2.rules import containers as C
 
 from rocm_assets.core.bake import BakeGraph, Target
-from rocm_assets.core.bake.evaluate import Evaluation
-from rocm_assets.core.bake.functions import to_string
-from rocm_assets.core.bake.parse import label_of, line_of
+from rocm_assets.core.bake.source import Outline
 from rocm_assets.core.build.dockerfile import (
     Dockerfile,
     DockerfileError,
@@ -60,49 +55,6 @@ def shown(path: Path) -> str:
     return str(path) if relative.startswith("..") else relative
 
 
-def _keys(rule: Any) -> Iterator[tuple[str, int]]:
-    """Every object key written inside `rule`, with its line: both branches of a conditional, and
-    each argument of merge(), are walked, so a key is found wherever the file writes it."""
-    if isinstance(rule, C.ObjectElemRule) and isinstance(rule.key, C.ObjectElemKeyRule):
-        yield label_of(rule.key), line_of(rule)
-    for child in getattr(rule, "children", None) or ():
-        yield from _keys(child)
-
-
-class BakeLines:
-    """Where the bake file writes a target's attributes and their keys, through `inherits`."""
-
-    def __init__(self, graph: BakeGraph):
-        self.bake = graph.bake
-        self.ev = Evaluation(graph.bake, dict(graph.resolve(None).env))
-
-    def _chain(self, name: str, seen: tuple[str, ...] = ()) -> Iterator[str]:
-        """The target, then its parents, the one whose value wins first."""
-        if name in seen or name not in self.bake.targets:
-            return
-        yield name
-        if any("inherits" in b.attrs for b in self.bake.targets[name]):
-            parents = self.ev.target_attr(name, "inherits", None) or []
-            for parent in reversed(parents):
-                yield from self._chain(to_string(parent), (*seen, name))
-
-    def attr(self, target: str, attr: str) -> int | None:
-        for name in self._chain(target):
-            for block in reversed(self.bake.targets[name]):
-                if attr in block.attrs:
-                    return line_of(block.attrs[attr])
-        return None
-
-    def key(self, target: str, attr: str, key: str) -> int | None:
-        for name in self._chain(target):
-            for block in reversed(self.bake.targets[name]):
-                if attr in block.attrs:
-                    found = dict(reversed(list(_keys(block.attrs[attr]))))
-                    if key in found:
-                        return found[key]
-        return None
-
-
 def dockerfile_path(graph: BakeGraph, target: Target) -> Path:
     """Where bake finds the target's Dockerfile, run from the bake file's directory."""
     return graph.path.parent / target.context / target.dockerfile
@@ -119,7 +71,7 @@ class _TargetCheck:
     def __init__(
         self,
         graph: BakeGraph,
-        lines: BakeLines,
+        lines: Outline,
         target: Target,
         df: Dockerfile,
         other_args: Mapping[str, str],
@@ -140,19 +92,19 @@ class _TargetCheck:
         if t.stage and df.stage(t.stage) is None:
             stages = ", ".join(f"{s.name or s.index} (line {s.line})" for s in df.stages)
             yield (
-                f"{self.at(self.lines.attr(t.name, 'target'))} builds stage {t.stage!r}: "
+                f"{self.at(self.lines.attr_line(t.name, 'target'))} builds stage {t.stage!r}: "
                 f"{self.file} has no stage {t.stage!r} (its stages: {stages})"
             )
         for key in t.args:
             if not exempt(key) and key not in df.arg_names:
                 yield (
-                    f"{self.at(self.lines.key(t.name, 'args', key))} arg {key}: no ARG {key} in "
+                    f"{self.at(self.lines.key_line(t.name, 'args', key))} arg {key}: no ARG {key} in "
                     f"{self.file} (declare it before the first FROM, {self.file}:{df.stages[0].line})"
                 )
         used = {expand(s.text, self.values) for s in df.sources}
         for context in t.contexts:
             if context not in used:
-                yield f"{self.at(self.lines.key(t.name, 'contexts', context))} context {context!r}: {self._unused(context)}"
+                yield f"{self.at(self.lines.key_line(t.name, 'contexts', context))} context {context!r}: {self._unused(context)}"
         yield from self._from_values(published)
 
     def _unused(self, context: str) -> str:
@@ -173,7 +125,9 @@ class _TargetCheck:
             missing = False
             for var in required(stage.base):
                 line = (
-                    self.lines.key(t.name, "args", var) or self.lines.attr(t.name, "args") or t.line
+                    self.lines.key_line(t.name, "args", var)
+                    or self.lines.attr_line(t.name, "args")
+                    or t.line
                 )
                 reason = self._no_value(var, published)
                 if reason:
@@ -182,7 +136,7 @@ class _TargetCheck:
             image = expand(stage.base, self.values)
             if variables(stage.base) and not missing and _bare(image):
                 if image not in t.contexts and image.lower() not in names:
-                    line = self.lines.key(t.name, "args", variables(stage.base)[0])
+                    line = self.lines.key_line(t.name, "args", variables(stage.base)[0])
                     yield (
                         f"{self.at(line)}: {where}: resolves to {image!r}, which is no stage and "
                         f"no named context of the target, so BuildKit would pull "
@@ -211,7 +165,7 @@ class _TargetCheck:
 
 def check_recipes(graph: BakeGraph) -> list[str]:
     """Problems between the bake file's targets and their Dockerfiles; empty when they agree."""
-    lines = BakeLines(graph)
+    lines = graph.outline
     parsed: dict[Path, Dockerfile | DockerfileError] = {}
     found: dict[str, set[tuple[str, bool]]] = {}
     limits: dict[str, tuple[str, ...]] = {}
@@ -229,14 +183,14 @@ def check_recipes(graph: BakeGraph) -> list[str]:
 
 def _problems(
     graph: BakeGraph,
-    lines: BakeLines,
+    lines: Outline,
     target: Target,
     other_args: Mapping[str, str],
     published: bool,
     parsed: dict[Path, Dockerfile | DockerfileError],
 ) -> Iterator[str]:
     path = dockerfile_path(graph, target)
-    where = f"{shown(graph.path)}:{lines.attr(target.name, 'dockerfile') or target.line}"
+    where = f"{shown(graph.path)}:{lines.attr_line(target.name, 'dockerfile') or target.line}"
     if not path.is_file():
         yield f"{where}: target {target.name!r}: dockerfile {shown(path)} does not exist"
         return

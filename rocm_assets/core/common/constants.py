@@ -40,9 +40,12 @@ REGISTRY_CA_ENV = "ROCM_REGISTRY_CA"
 SSH_KNOWN_HOSTS_ENV = "ROCM_SSH_KNOWN_HOSTS"
 # Where freshness alerts are POSTed as JSON; unset, they are only logged. May hold a token.
 ALERT_WEBHOOK_ENV = "ROCM_ALERT_WEBHOOK"
+DAGSTER_HOME_ENV = "DAGSTER_HOME"
 
 DEFAULT_BAKE_FILE = "rocm-bake.hcl"
 DEFAULT_FLEET_FILE = "fleet.yaml"
+# The instance directory `make dev` uses, under the directory it runs in.
+DEFAULT_DAGSTER_HOME = ".dagster_home"
 
 # Names the bake file and the code agree on: the arch list, the arch variable, the mode switch.
 ARCH_LIST_ATTR = "GPU_ARCHES"
@@ -50,6 +53,9 @@ ARCH_VAR = "GPU_ARCH"
 TEST_TARGETS_ATTR = "TEST_TARGETS"
 WHEELS_GROUP = "wheels"
 PUBLISHED_INPUTS_VAR = "PUBLISHED_INPUTS"
+# What Go's strconv.ParseBool reads, as bake reads a bool variable from the environment.
+PARSE_BOOL_TRUE = frozenset({"1", "t", "T", "TRUE", "true", "True"})
+PARSE_BOOL_FALSE = frozenset({"0", "f", "F", "FALSE", "false", "False"})
 RUN_ID_VAR = "RUN_ID"
 # Build args every build is given on the command line, and the sccache log level it passes.
 MAX_JOBS_ARG = "MAX_JOBS"

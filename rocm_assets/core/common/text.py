@@ -4,6 +4,8 @@ Files and servers are input: a value quoted in an error must never cost what the
 (a megabyte tag, an alias bomb), nor break the one-line rule, nor carry terminal escapes.
 """
 
+from typing import Any
+
 _KINDS = {dict: "a mapping", list: "a list", tuple: "a list", set: "a set", frozenset: "a set"}
 
 
@@ -32,3 +34,16 @@ def shown(value: object) -> str:
     else:
         text = one_line(str(value)[:61])
     return text if len(text) <= 60 else text[:57] + "..."
+
+
+def quote(value: Any, limit: int = 60) -> str:
+    """A short rendering of a value for an error message: never the whole of a large value."""
+    if isinstance(value, str):
+        text = repr(value[: limit + 1])
+        return text if len(value) <= limit else f"{text[:-1]}...{text[-1]}"
+    if isinstance(value, list):
+        return f"a list of {len(value)} elements"
+    if isinstance(value, dict):
+        return f"an object of {len(value)} attributes"
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."

@@ -9,7 +9,7 @@ read as a flag, so `rocm-assets check` fails instead of the code location.
 import keyword
 import re
 
-from rocm_assets.core.bake.limits import quote
+from rocm_assets.core.common.text import quote
 
 # bake's validTargetNameChars (bake/bake.go): every block label and matrix-made target name.
 _LABEL = re.compile(r"[A-Za-z0-9_-]+")
