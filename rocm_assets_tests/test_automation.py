@@ -320,9 +320,11 @@ def test_stale_names_a_push_outside_dagster_and_needs_an_instance(tmp_path: Path
     env = {**os.environ, "ROCM_BAKE_FILE": str(bake_file)}
     env.pop("DAGSTER_HOME", None)
     cli = [sys.executable, "-m", "rocm_assets.cli", "stale"]
-    done = subprocess.run(cli, env=env, capture_output=True, text=True, check=False)
+    # No DAGSTER_HOME and no ./.dagster_home in the directory it runs in: one line, the remedy.
+    done = subprocess.run(cli, env=env, capture_output=True, text=True, check=False, cwd=tmp_path)
     assert (done.returncode, done.stdout) == (2, "")
     assert done.stderr.startswith("rocm-assets: error: DAGSTER_HOME is not set")
+    assert done.stderr.count("\n") == 1 and "the directory `make dev` runs in" in done.stderr
     with instance_for_test(temp_dir=str(home)) as instance:
         # runtime gfx942 built as sha256:a, then the registry's tag seen holding sha256:b.
         instance.report_runless_asset_event(
@@ -345,6 +347,37 @@ def test_stale_names_a_push_outside_dagster_and_needs_an_instance(tmp_path: Path
     assert rows[("base", "gfx942")]["reasons"] == ["missing", "after input runtime gfx942"]
     assert rows[("runtime", "gfx1100")]["reasons"] == ["missing"]
     assert len(rows) == len(EVERY_BUILD)
+
+
+def test_stale_without_dagster_home_reads_the_instance_make_dev_runs(tmp_path: Path) -> None:
+    # `make dev`'s instance: ./.dagster_home holding the shipped dagster.yaml, DAGSTER_HOME set
+    # only in make's shell, and `stale` run from the same directory in a second shell.
+    bake_file = copy_farm(tmp_path / "farm")
+    home = tmp_path / ".dagster_home"
+    home.mkdir()
+    shutil.copy(PROJECT_ROOT / "dagster.yaml", home / "dagster.yaml")
+    with dg.DagsterInstance.from_config(str(home)) as instance:
+        instance.report_runless_asset_event(
+            dg.AssetMaterialization("runtime", partition="gfx942", tags={DATA_VERSION: "sha256:a"})
+        )
+        instance.report_runless_asset_event(
+            dg.AssetObservation("runtime", partition="gfx942", tags={DATA_VERSION: "sha256:b"})
+        )
+    env = {**os.environ, "ROCM_BAKE_FILE": str(bake_file)}
+    env.pop("DAGSTER_HOME", None)
+    done = subprocess.run(
+        [sys.executable, "-m", "rocm_assets.cli", "stale", "--json"],
+        env=env, capture_output=True, text=True, check=False, cwd=tmp_path,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert done.stderr == (
+        f"rocm-assets: read the Dagster instance at {home} (DAGSTER_HOME is unset)\n"
+    )
+    # What that instance holds, not an empty one's "missing".
+    rows = {(r["target"], r["partition"]): r for r in json.loads(done.stdout)["rebuild"]}
+    assert rows[("runtime", "gfx942")]["reasons"] == [
+        "registry holds sha256:b, pushed outside Dagster"
+    ]
 
 
 def test_a_vllm_pin_bump_redefines_exactly_the_two_vllm_targets(tmp_path: Path) -> None:

@@ -512,6 +512,68 @@ def test_plan_names_the_static_bound_when_it_is_the_best() -> None:
     assert greedy["lower_bound_source"] == "path"
 
 
+def _three_runtimes_on_two_nodes(tmp_path: Path, seconds: float) -> tuple[str, ...]:
+    """`plan` arguments: three independent rocm-runtime builds of `seconds` (+1 s push) on two
+    reference nodes. The optimum is two builds in a row, which no static bound sees (they give
+    1.5 builds), so only the solver's proof can meet it."""
+    fleet = tmp_path / f"fleet-{seconds:g}.yaml"
+    node = {"cores": 32, "mem_gb": 122, "link_mbps": 8000}
+    fleet.write_text(
+        yaml.safe_dump(
+            {
+                "nodes": [{"name": n, "builder": n, **node} for n in ("n1", "n2")],
+                "target_costs": {
+                    "reference": {"cores": 32, "mem_gb": 122},
+                    "rocm-runtime": {"seconds": seconds, "size_gb": 1.0},
+                },
+            }
+        )
+    )
+    arches = ("gfx942", "gfx950", "gfx1100")
+    return ("--fleet", str(fleet), "--targets", "rocm-runtime", "--arch", *arches)
+
+
+@pytest.mark.parametrize("strategy", ["solver", "coordinator"])
+def test_plan_proven_optimal_reports_its_makespan_as_the_bound(
+    tmp_path: Path, strategy: str
+) -> None:
+    # Whole-second costs: CP-SAT's optimum (2 x 101 s) is the real one, proven.
+    args = (*_three_runtimes_on_two_nodes(tmp_path, 100.0), "--strategy", strategy)
+    data = plan_json(*args, "--time-limit", "5")
+    assert data["makespan_s"] == data["lower_bound_s"] == 202.0
+    assert data["lower_bound_source"] == "solver"
+    if strategy == "solver":
+        assert data["solver"]["status"] == "OPTIMAL" and data["solver"]["gap"] == 0.0
+    text = rocm_assets_cli("plan", *args, "--time-limit", "5")
+    assert text.returncode == 0, text.stderr
+    assert re.search(
+        r": makespan 3m22s, lower bound 3m22s \(proven by CP-SAT; 1\.000x\)$", text.stdout, re.M
+    ), text.stdout
+    solver = "solver: " if strategy == "solver" else "coordinator's solver: .*: "
+    assert re.search(rf"^{solver}OPTIMAL, gap 0\.0%", text.stdout, re.M), text.stdout
+
+
+@pytest.mark.parametrize("strategy", ["solver", "coordinator"])
+def test_plan_an_optimum_in_whole_seconds_reports_the_gap_left_by_rounding(
+    tmp_path: Path, strategy: str
+) -> None:
+    # 101.5 s builds are 102 s in CP-SAT's model: its optimum (204 s) proves only 204 - 3 x 0.5
+    # of the real plan's 203 s, so the plan is not proven optimal and must not say gap 0.0%.
+    args = (*_three_runtimes_on_two_nodes(tmp_path, 100.5), "--strategy", strategy)
+    data = plan_json(*args, "--time-limit", "5")
+    assert (data["makespan_s"], data["lower_bound_s"]) == (203.0, 202.5)
+    if strategy == "solver":
+        assert data["solver"]["status"] == "OPTIMAL"
+        assert data["solver"]["gap"] == round(1 - 202.5 / 203.0, 5)
+    text = rocm_assets_cli("plan", *args, "--time-limit", "5")
+    assert text.returncode == 0, text.stderr
+    assert "lower bound 3m22s (proven by CP-SAT; 1.002x)" in text.stdout
+    solver = "solver: " if strategy == "solver" else "coordinator's solver: .*: "
+    assert re.search(rf"^{solver}OPTIMAL in whole seconds, gap 0\.2%", text.stdout, re.M), (
+        text.stdout
+    )
+
+
 def test_plan_one_target_plans_only_it_and_lists_its_published_inputs() -> None:
     data = plan_json("--targets", "vllm", "--arch", "gfx950")
     check_plan(data, expected_builds(["gfx950"], ["vllm"]))

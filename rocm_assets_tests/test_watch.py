@@ -360,11 +360,18 @@ def test_on_a_terminal_it_redraws_in_place(
     assert b"lmcache-wheel@gfx942" in frames[0]
 
 
-def test_without_dagster_home_it_says_so(fleet_file: Path) -> None:
+def test_without_dagster_home_it_says_so(fleet_file: Path, tmp_path: Path) -> None:
     env = _cli_env(Path(), fleet_file)
     env.pop("DAGSTER_HOME")
+    # Run where there is no ./.dagster_home either, the instance it would read instead.
     out = subprocess.run(
-        _watch_argv("--once"), env=env, capture_output=True, text=True, timeout=120, check=False
+        _watch_argv("--once"),
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+        cwd=tmp_path,
     )
     assert out.returncode == 2
     assert out.stderr.count("\n") == 1

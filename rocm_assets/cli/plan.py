@@ -113,7 +113,7 @@ def _coordinator_plan(
         key=lambda a: (a.start_s, a.node, a.build),
     )
     # The farm is idle at 0, so the view's absolute bound is one from the plan's start.
-    bound = best_bound(problem, view.proven_bound_s)
+    bound = best_bound(problem, view.proven_bound_s, view.makespan_s)
     schedule = Schedule(view.strategy, tuple(assignments), view.makespan_s, bound.value_s)
     budget = solver_budget_s(len(problem.builds), settings)
     proven = None if view.proven_bound_s is None else round(view.proven_bound_s, 3)
@@ -131,6 +131,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
     probes, nodes = _probed_nodes(fleet, args.probe)
     problem = Problem(tuple(builds), deps, tuple(nodes), CostModel(fleet, probes=probes))
     extra: dict[str, Any] = {}
+    solver_line = ""
     try:
         if args.strategy == COORDINATOR_STRATEGY:
             schedule, bound, extra[COORDINATOR_STRATEGY] = _coordinator_plan(
@@ -139,18 +140,20 @@ def cmd_plan(args: argparse.Namespace) -> int:
         elif args.strategy == SOLVER_STRATEGY:
             limit = DEFAULT_TIME_LIMIT_S if args.time_limit is None else args.time_limit
             result = solve(problem, limit)
-            bound = best_bound(problem, result.proven_bound_s)
+            bound = best_bound(problem, result.proven_bound_s, result.schedule.makespan_s)
             schedule = replace(result.schedule, lower_bound_s=bound.value_s)
+            solver_line = f"solver: {result.summary}"
             extra["solver"] = {
                 "status": result.status,
                 "proven_bound_s": round(result.proven_bound_s, 3),
-                "gap": round(result.gap, 5),
+                # In real seconds, as lower_bound_s: 0 only when the plan is proven optimal.
+                "gap": round(result.real_gap, 5),
                 "time_limit_s": limit,
                 "kept_hint": result.kept_hint,
             }
         else:
             schedule = plan(problem, args.strategy)
-            bound = best_bound(problem)
+            bound = best_bound(problem, makespan_s=schedule.makespan_s)
         errors = validate_schedule(problem, schedule)
         if errors:
             raise CliError(f"the {schedule.strategy} plan is invalid: {errors[0]}")
@@ -206,8 +209,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
         f"makespan {duration(schedule.makespan_s)}, lower bound {duration(bound.value_s)} "
         f"({bound.label}; {ratio:.3f}x)"
     )
-    if "solver" in extra:
-        out(f"solver: {extra['solver']['status']}, gap {100 * extra['solver']['gap']:.1f}%")
+    if solver_line:
+        out(solver_line)
     if COORDINATOR_STRATEGY in extra:
         out(f"coordinator's solver: {extra[COORDINATOR_STRATEGY]['solver']}")
     for item in published:

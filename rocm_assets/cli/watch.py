@@ -1,4 +1,5 @@
-"""`rocm-assets watch`: the farm live, read straight from the Dagster instance ($DAGSTER_HOME).
+"""`rocm-assets watch`: the farm live, read straight from the Dagster instance ($DAGSTER_HOME, else
+./.dagster_home, where `make dev` keeps it).
 
 One line per fleet node: the build it runs (target, arch, run), how long it has run, the time
 left by the coordinator's estimate, and a progress bar; then the queue, each waiting build with
@@ -30,6 +31,7 @@ from typing import Any
 import dagster as dg
 
 from rocm_assets.cli.common import EXIT_ERROR, EXIT_OK
+from rocm_assets.cli.farm_instance import farm_home, open_instance
 from rocm_assets.core.build.builds import Build
 from rocm_assets.core.build.invocation import build_name
 from rocm_assets.core.common.constants import (
@@ -296,15 +298,10 @@ def cmd_watch(args: argparse.Namespace) -> int:
     if args.interval <= 0:
         sys.stderr.write("rocm-assets: error: --interval must be a positive number of seconds\n")
         return EXIT_ERROR
-    if not os.environ.get("DAGSTER_HOME"):
-        sys.stderr.write(
-            "rocm-assets: error: DAGSTER_HOME is not set: point it at the farm's instance "
-            "(`make watch` uses .dagster_home, as `make dev` does)\n"
-        )
-        return EXIT_ERROR
+    home = farm_home()
     try:
         fleet = load_fleet(args.fleet)
-        with dg.DagsterInstance.get() as instance:
+        with open_instance(home) as instance:
             follow(instance, fleet, url=args.url, interval_s=args.interval, once=args.once)
     except KeyboardInterrupt:
         return EXIT_OK
@@ -313,11 +310,4 @@ def cmd_watch(args: argparse.Namespace) -> int:
         # from raising again.
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return EXIT_OK
-    except dg.DagsterError as exc:
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        sys.stderr.write(
-            f"rocm-assets: error: cannot read the Dagster instance in "
-            f"DAGSTER_HOME={os.environ['DAGSTER_HOME']}: {first}\n"
-        )
-        return EXIT_ERROR
     return EXIT_OK

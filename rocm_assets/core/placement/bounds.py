@@ -53,13 +53,25 @@ class Bound(NamedTuple):
         return BOUND_SOURCES[self.source]
 
 
-def best_bound(problem: Problem, proven_s: float | None = None) -> Bound:
+def reaches(bound_s: float, makespan_s: float) -> bool:
+    """`bound_s` is `makespan_s` but for float noise: a plan of that makespan is proven optimal."""
+    return bound_s >= makespan_s - EPS * max(1.0, makespan_s)
+
+
+def best_bound(
+    problem: Problem, proven_s: float | None = None, makespan_s: float | None = None
+) -> Bound:
     """The best lower bound known for `problem`: its static bounds, or `proven_s` (a solve's
-    `proven_bound_s`) when that is tighter; equal figures keep the static bound's name."""
+    `proven_bound_s`) when that is tighter; equal figures keep the static bound's name. Given a
+    plan's `makespan_s`, a bound that `reaches` it is that makespan exactly: the plan is optimal."""
     static = lower_bounds(problem)
     if proven_s is not None and proven_s > static.best + EPS * max(1.0, static.best):
-        return Bound(proven_s, "solver")
-    return Bound(static.best, static.best_source)
+        bound = Bound(proven_s, "solver")
+    else:
+        bound = Bound(static.best, static.best_source)
+    if makespan_s is not None and reaches(bound.value_s, makespan_s):
+        return bound._replace(value_s=makespan_s)
+    return bound
 
 
 def _optimistic_finish(ix: Index) -> list[list[float]]:

@@ -477,7 +477,7 @@ class PlanFollower:
             avail0, origin = ix.avail(busy_until), s.now_s
             current = retime(ix, avail0, self._slots)
         theirs = retime(ix, avail0, solved)
-        gap = f"{result.status}, gap {100 * result.gap:.1f}%"
+        proof = result.summary
         self._solved = True
         score = self._scorer(ix, avail0)
         mine = score(current) if current is not None else float("inf")
@@ -485,10 +485,12 @@ class PlanFollower:
             # The solver's own plan, or the warm start it could not better (the rollout's).
             label = result.hint.strategy if result.kept_hint else SOLVER_STRATEGY
             self._set_plan(ix, avail0, theirs, label, origin)
-            self._solver_status = f"adopted: {gap}, {100 * (1 - score(theirs) / mine):.1f}% shorter"
+            self._solver_status = (
+                f"adopted: {proof}, {100 * (1 - score(theirs) / mine):.1f}% shorter"
+            )
             self._waiting = {b: self._why(b, s) for b in s.pending}
         else:
-            self._solver_status = f"kept {self._label}: {gap}, nothing shorter"
+            self._solver_status = f"kept {self._label}: {proof}, nothing shorter"
 
     def _fill_idle(self, s: FarmState) -> None:
         """Move a ready build onto a node left idle now, when the plan gains by it (`fill`)."""

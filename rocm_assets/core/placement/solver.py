@@ -23,7 +23,8 @@ still shorter in real seconds, so the result is never worse than the best heuris
 
 `SolveResult.proven_bound_s` is a valid lower bound in real seconds: the solver's bound minus
 the rounding it may have added (sum over builds of the largest rounding of that build on any
-node), and never below the heuristic lower bound.
+node), and never below the heuristic lower bound; it is the plan's makespan exactly when it
+reaches it. So CP-SAT's OPTIMAL proves the plan optimal only when `real_gap` is 0.
 """
 
 import math
@@ -35,7 +36,7 @@ from dataclasses import dataclass
 from typing import Any
 
 # Submodules, not the package: the package's follower imports this module.
-from rocm_assets.core.placement.bounds import lower_bounds
+from rocm_assets.core.placement.bounds import lower_bounds, reaches
 from rocm_assets.core.placement.heuristics import plan
 from rocm_assets.core.placement.problem import Assignment, Problem, Schedule, left_shift
 
@@ -115,10 +116,27 @@ class SolveResult:
 
     @property
     def gap(self) -> float:
-        """(objective - bound) / objective of the integer model: 0 when proven optimal."""
+        """(objective - bound) / objective of the integer model: 0 when CP-SAT proved it optimal,
+        which can happen before the plan is proven optimal in real seconds (`real_gap`)."""
         return (
             0.0 if self.objective_s <= 0 else (self.objective_s - self.bound_s) / self.objective_s
         )
+
+    @property
+    def real_gap(self) -> float:
+        """(makespan - proven bound) / makespan of the plan in real seconds: 0 exactly when it is
+        proven optimal. The model's durations are rounded up, so its optimum leaves up to the
+        rounding unproven."""
+        makespan = self.schedule.makespan_s
+        return 0.0 if makespan <= 0 else (makespan - self.proven_bound_s) / makespan
+
+    @property
+    def summary(self) -> str:
+        """CP-SAT's status and `real_gap`, as `plan` and the coordinator report them."""
+        status = self.status
+        if status == "OPTIMAL" and self.real_gap > 0:
+            status = "OPTIMAL in whole seconds"
+        return f"{status}, gap {100 * self.real_gap:.1f}%"
 
 
 def _ceil(x: float) -> int:
@@ -326,12 +344,13 @@ def solve(
         keep_hint, found = True, Schedule(SOLVER_STRATEGY, hint.assignments, hint.makespan_s, bound)
     else:
         keep_hint = False
+    proven = max(bound, int_bound - slack)
     return SolveResult(
         schedule=found,
         status=status_name,
         objective_s=objective,
         bound_s=int_bound,
-        proven_bound_s=max(bound, int_bound - slack),
+        proven_bound_s=found.makespan_s if reaches(proven, found.makespan_s) else proven,
         hint=hint,
         kept_hint=keep_hint,
         wall_s=wall,
