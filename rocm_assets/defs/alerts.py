@@ -15,7 +15,6 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
 import dagster as dg
-import httpx
 
 from rocm_assets.core.common.constants import ALERT_WEBHOOK_ENV
 from rocm_assets.defs.freshness import freshness_window
@@ -23,7 +22,7 @@ from rocm_assets.defs.freshness import freshness_window
 _ALERT_STATES = frozenset({"WARN", "FAIL"})
 # A tick reads at most this many events; the next tick carries on from the cursor.
 _PAGE = 200
-_WEBHOOK_TIMEOUT = httpx.Timeout(5.0)
+_WEBHOOK_TIMEOUT_S = 5.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -105,7 +104,9 @@ def _post_all(
 ) -> None:
     # The URL may carry a token (Slack-style webhooks), so it is never logged, nor is an error
     # message that could quote it: only the HTTP status or the exception type.
-    with httpx.Client(timeout=_WEBHOOK_TIMEOUT) as client:
+    import httpx  # here, not at load: most ticks post nothing
+
+    with httpx.Client(timeout=_WEBHOOK_TIMEOUT_S) as client:
         for index, alert in enumerate(alerts):
             try:
                 client.post(url, json=alert.payload()).raise_for_status()

@@ -11,7 +11,7 @@ it runless when the two start or stop disagreeing, e.g. after a push outside Dag
 import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import dagster as dg
 
@@ -20,9 +20,12 @@ from rocm_assets.core.build.builds import Build, builds_for
 from rocm_assets.core.build.invocation import REGISTRY_RETRY_S, retry_delay
 from rocm_assets.core.common.constants import NOARCH, REGISTRY_DIGEST_CHECK, ROCM_PREFLIGHT_TAG
 from rocm_assets.core.common.timefmt import duration
-from rocm_assets.core.registry.client import ImageInfo, RegistryClient, RegistryError
+from rocm_assets.core.registry.errors import ImageInfo, RegistryError
 from rocm_assets.core.registry.preflight import PreflightReport, preflight
 from rocm_assets.defs.resources.registry import RegistryResource
+
+if TYPE_CHECKING:
+    from rocm_assets.core.registry.client import RegistryClient
 
 # Dagster's event tag for a data version (an AssetObservation has no data_version argument).
 DATA_VERSION_TAG = "dagster/data_version"
@@ -69,7 +72,7 @@ def entries(graph: BakeGraph, targets: Iterable[str] | None = None) -> list[Entr
 
 
 def read_registry(
-    client: RegistryClient, wanted: Iterable[Entry]
+    client: "RegistryClient", wanted: Iterable[Entry]
 ) -> tuple[dict[Entry, tuple[str, ImageInfo | None]], list[str]]:
     """Per entry, its tag on this registry and what is there; the tags on other hosts.
 
@@ -292,7 +295,7 @@ def _preflight_through_outages(
             time.sleep(delay)
 
 
-def _same_registry(graph: BakeGraph, builds: list[Build], client: RegistryClient) -> None:
+def _same_registry(graph: BakeGraph, builds: list[Build], client: "RegistryClient") -> None:
     """Bake pushes to the graph's REGISTRY; a check of another registry would prove nothing."""
     for build in builds:
         for tag in graph.tags(build.target, build.arch):

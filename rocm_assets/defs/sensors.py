@@ -28,7 +28,7 @@ import dagster as dg
 
 from rocm_assets.core.bake import BakeGraph
 from rocm_assets.core.common.constants import REGISTRY_DIGEST_CHECK
-from rocm_assets.core.registry.client import RegistryError
+from rocm_assets.core.registry.errors import RegistryError
 from rocm_assets.defs.registry_checks import (
     DATA_VERSION_TAG,
     digest_check_fields,

@@ -15,7 +15,6 @@ import re
 import time
 import urllib.parse
 from collections.abc import Callable, Collection, Mapping
-from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Self
 
@@ -27,13 +26,8 @@ from rocm_assets.core.common.constants import (
     REGISTRY_URL_ENV,
     REGISTRY_USERNAME_ENV,
 )
-from rocm_assets.core.registry.http import (
-    RegistryError as RegistryError,
-    RegistryHttp,
-    Reply,
-    base_url,
-    tls_verify,
-)
+from rocm_assets.core.registry.errors import ImageInfo as ImageInfo, RegistryError as RegistryError
+from rocm_assets.core.registry.http import RegistryHttp, Reply, base_url, tls_verify
 from rocm_assets.core.registry.refs import (
     DIGEST,
     TAG,
@@ -65,14 +59,6 @@ _CREDENTIALS_HINT = f"check {REGISTRY_USERNAME_ENV}/{REGISTRY_PASSWORD_ENV}"
 
 # sha512 in hex is 128 digits; anything much longer is not a digest a registry sent honestly.
 _MAX_DIGEST = 200
-
-
-@dataclass(frozen=True)
-class ImageInfo:
-    tag: str
-    digest: str
-    # Zot's PushTimestamp (epoch seconds); None when the server does not say.
-    pushed_at: float | None = None
 
 
 def _push_time(value: object) -> float | None:

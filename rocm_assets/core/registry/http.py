@@ -24,30 +24,7 @@ from rocm_assets.core.common.constants import (
 )
 from rocm_assets.core.common.text import bounded, shown
 from rocm_assets.core.registry.deadline import Deadline, DeadlineTransport
-
-# A registry error is one line; this bounds it whatever it quotes.
-_MAX_MESSAGE = 1000
-
-
-class RegistryError(Exception):
-    """A registry request failed: never means "absent". The message is one line, secret-free.
-
-    `transient`: the registry could not be reached, or answered 5xx or 429, after the client's
-    own retries: the same request may succeed once the registry is back.
-    """
-
-    def __init__(
-        self,
-        message: str,
-        *,
-        url: str | None = None,
-        status: int | None = None,
-        transient: bool = False,
-    ) -> None:
-        super().__init__(bounded(message, _MAX_MESSAGE))
-        self.url = url
-        self.status = status
-        self.transient = transient
+from rocm_assets.core.registry.errors import RegistryError as RegistryError
 
 
 @dataclass(frozen=True)

@@ -12,12 +12,14 @@ every tag needed from it.
 
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rocm_assets.core.bake import BakeGraph
 from rocm_assets.core.build.builds import Build
 from rocm_assets.core.common.constants import DEFINITIONS_MODULE
-from rocm_assets.core.registry.client import RegistryClient
+
+if TYPE_CHECKING:
+    from rocm_assets.core.registry.client import RegistryClient
 
 
 class PreflightError(ValueError):
@@ -126,7 +128,7 @@ class _Need:
 def preflight(
     graph: BakeGraph,
     builds: Iterable[Build],
-    client: RegistryClient,
+    client: "RegistryClient",
     *,
     published_by_request: Iterable[Build] = (),
 ) -> PreflightReport:

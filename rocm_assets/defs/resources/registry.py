@@ -2,7 +2,7 @@
 
 import os
 from collections.abc import Callable
-from typing import Self
+from typing import TYPE_CHECKING, Self
 
 import dagster as dg
 from pydantic import Field
@@ -13,7 +13,10 @@ from rocm_assets.core.common.constants import (
     REGISTRY_URL_ENV,
     REGISTRY_USERNAME_ENV,
 )
-from rocm_assets.core.registry.client import RegistryClient, RegistryError
+from rocm_assets.core.registry.errors import RegistryError
+
+if TYPE_CHECKING:
+    from rocm_assets.core.registry.client import RegistryClient
 
 
 class RegistryResource(dg.ConfigurableResource):
@@ -55,8 +58,11 @@ class RegistryResource(dg.ConfigurableResource):
         bound = {field: dg.EnvVar(name) for field, name in optional.items() if os.environ.get(name)}
         return cls(**bound)
 
-    def client(self, warn: Callable[[str], None] | None = None) -> RegistryClient:
+    def client(self, warn: Callable[[str], None] | None = None) -> "RegistryClient":
         """A new RegistryClient (use it as a context manager); `warn` gets non-fatal findings."""
+        # httpx is imported when a registry is first asked, not when the code location loads.
+        from rocm_assets.core.registry.client import RegistryClient
+
         if not self.url:
             raise RegistryError(
                 f"{REGISTRY_URL_ENV} is not set: point it at the registry bake pushes to "
