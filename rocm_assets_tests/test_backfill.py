@@ -39,7 +39,14 @@ import pytest
 import yaml
 from dagster._core.instance.ref import InstanceRef
 
-from rocm_assets.cli.backfill import asset_backfill_params, select, ui_url
+from rocm_assets.cli.backfill import (
+    REQUEST_TAG,
+    asset_backfill_params,
+    request_url,
+    run_params,
+    select,
+    ui_url,
+)
 from rocm_assets.core.bake import load_graph
 from rocm_assets.core.build.builds import Build, SelectionError, build_deps
 from rocm_assets.core.build.invocation import HistoryRecord
@@ -255,10 +262,21 @@ def wait_for_builds(
     dev: DagsterDev, backfill_id: str, expected: set[str]
 ) -> dict[str, dg.RunRecord]:
     """The backfill's build runs, once each expected build has one and nothing is in flight."""
+    return wait_for_runs(dev, dg.RunsFilter.for_backfill(backfill_id), expected)
+
+
+def wait_for_request(dev: DagsterDev, request: str, expected: set[str]) -> dict[str, dg.RunRecord]:
+    """The build runs of a request launched at once (its tag), as `wait_for_builds`."""
+    return wait_for_runs(dev, dg.RunsFilter(tags={REQUEST_TAG: request}), expected)
+
+
+def wait_for_runs(
+    dev: DagsterDev, runs: dg.RunsFilter, expected: set[str]
+) -> dict[str, dg.RunRecord]:
     deadline = time.monotonic() + _RUNS_TIMEOUT_S
     with dev.instance() as instance:
         while True:
-            records = instance.get_run_records(dg.RunsFilter.for_backfill(backfill_id))
+            records = instance.get_run_records(runs)
             builds = [r for r in records if r.dagster_run.tags.get(ROCM_BUILD_TAG)]
             seen = {r.dagster_run.tags[ROCM_BUILD_TAG] for r in builds}
             done = all(r.dagster_run.status in _TERMINAL for r in records)
@@ -273,7 +291,7 @@ def wait_for_builds(
                     for r in records
                 )
                 pytest.fail(
-                    f"backfill {backfill_id}: after {_RUNS_TIMEOUT_S:.0f}s missing "
+                    f"{runs}: after {_RUNS_TIMEOUT_S:.0f}s missing "
                     f"{sorted(expected - seen)}; runs {states}\n{dev.log_tail()}",
                     pytrace=False,
                 )
@@ -333,9 +351,43 @@ def assert_one_build_per_node_at_a_time(dev: DagsterDev) -> int:
     return len(names & recorded)
 
 
-def test_a_group_backfill_is_one_placed_run_per_build(dagster_dev: DagsterDev) -> None:
+def test_a_group_request_launches_every_build_at_once(dagster_dev: DagsterDev) -> None:
+    # The default: no backfill daemon between a build and its inputs (issue 36).
+    out = backfill_cli(dagster_dev, "--group", "default", "--arch", *ARCHES, "--json")
+    assert out.returncode == 0, out.stderr
+    data = json.loads(out.stdout)
+    graph = load_graph(dagster_dev.bake_file, dagster_dev.env)
+    members = [t for t in graph.asset_targets if t in graph.groups["default"]]
+    expected = {f"{t}@{a}" if t in graph.per_arch else t for t in members for a in ARCHES}
+    assert (data["builds"], len(data["runs"])) == (7, 7) and set(data["runs"]) == expected
+    assert data["url"] == request_url(dagster_dev.url, data["request_id"])
+    # Every run exists when the command returns, one build each, none split from another.
+    with dagster_dev.instance() as instance:
+        launched = instance.get_run_records(dg.RunsFilter(tags={REQUEST_TAG: data["request_id"]}))
+        assert {r.dagster_run.run_id for r in launched} == set(data["runs"].values())
+        for record in launched:
+            tags = record.dagster_run.tags
+            assert ROCM_FANOUT_TAG not in tags and ROCM_FANOUT_OF_TAG not in tags
+    runs = wait_for_request(dagster_dev, data["request_id"], expected)
+    assert all(r.dagster_run.status == dg.DagsterRunStatus.SUCCESS for r in runs.values()), {
+        b: r.dagster_run.status.value for b, r in runs.items()
+    }
+    builds = {build: baked(dagster_dev, record) for build, record in runs.items()}
+    for build, record in runs.items():
+        assert data["runs"][build] == record.dagster_run.run_id
+        parsed = Build.parse(build)
+        assert record.dagster_run.tags.get("dagster/partition") == parsed.arch
+        # Queued at once, yet started on its node only after every input's bake had ended.
+        started, _ = record_span(builds[build])
+        for dep in build_deps(graph, parsed):
+            _, ended = record_span(builds[str(dep)])
+            assert ended <= started, f"{build} before {dep}"
+    assert assert_one_build_per_node_at_a_time(dagster_dev) >= 7
+
+
+def test_a_group_asset_backfill_is_one_placed_run_per_build(dagster_dev: DagsterDev) -> None:
     # Issue 5's "done when": a default-group request for two arches on a live instance.
-    out = backfill_cli(dagster_dev, "--group", "default", "--arch", *ARCHES)
+    out = backfill_cli(dagster_dev, "--group", "default", "--arch", *ARCHES, "--asset-backfill")
     assert out.returncode == 0, out.stderr
     first, link = out.stdout.splitlines()
     match = re.fullmatch(r"backfill (\w+): group default for gfx942, gfx1100 \(7 builds\)", first)
@@ -425,7 +477,7 @@ def test_a_new_arch_in_the_bake_file_is_a_partition(dagster_dev: DagsterDev) -> 
     data = json.loads(out.stdout)
     assert data["arches"] == [NEW_ARCH]
     assert data["builds"] == 2
-    runs = wait_for_builds(dagster_dev, data["backfill_id"], {"tool-wheel", f"base@{NEW_ARCH}"})
+    runs = wait_for_request(dagster_dev, data["request_id"], {"tool-wheel", f"base@{NEW_ARCH}"})
     assert set(runs) == {"tool-wheel", f"base@{NEW_ARCH}"}
     assert all(r.dagster_run.status == dg.DagsterRunStatus.SUCCESS for r in runs.values())
     assert "dagster/partition" not in runs["tool-wheel"].dagster_run.tags
@@ -526,6 +578,34 @@ def test_a_mixed_selection_names_every_target_with_its_partitions() -> None:
         (t,): (None if t == "triton-wheel" else ranges) for t in graph.groups["wheels"]
     }
     assert "assetSelection" not in params and "partitionNames" not in params
+
+
+def test_a_request_at_once_is_one_run_per_build_of_the_ui_materialize_kind() -> None:
+    graph = load_graph(PROJECT_ROOT / "rocm-bake.hcl")
+    per_arch = run_params("loc", "repo", Build("vllm", "gfx950"), "r1")
+    assert per_arch == {
+        "selector": {
+            "repositoryLocationName": "loc",
+            "repositoryName": "repo",
+            "jobName": "__ASSET_JOB",
+            "assetSelection": [{"path": ["vllm"]}],
+        },
+        "mode": "default",
+        "runConfigData": {},
+        "executionMetadata": {
+            "tags": [
+                {"key": REQUEST_TAG, "value": "r1"},
+                {"key": "dagster/partition", "value": "gfx950"},
+            ]
+        },
+    }
+    # A noarch target's run has no partition.
+    noarch = run_params("loc", "repo", Build("triton-wheel"), "r1")
+    assert noarch["executionMetadata"]["tags"] == [{"key": REQUEST_TAG, "value": "r1"}]
+    assert "triton-wheel" not in graph.per_arch
+    assert request_url("http://h:3000/", "r1") == (
+        "http://h:3000/runs?q%5B%5D=tag%3Arocm-assets%2Frequest%3Dr1"
+    )
 
 
 @pytest.mark.parametrize(

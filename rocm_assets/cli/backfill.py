@@ -1,20 +1,29 @@
 """`rocm-assets backfill`: launch an arch backfill through the Dagster webserver's GraphQL API.
 
-The request is the `launchPartitionBackfill` mutation the UI sends. The backfill daemon turns it
-into runs and the placement coordinator splits those into one placed run per build, each started
-once its inputs are pushed. `--job J` launches a job's partition backfill instead (one run of J
-per arch), for jobs outside the asset groups such as `pytorch_run_job`.
+By default every build of the selection is launched at once, as the run the UI's Materialize
+button sends for one asset and partition (`launchRun`), in dependency order, all tagged with one
+request id. The placement coordinator queues each until its inputs are pushed and starts it on the
+node that finishes it first, so a build starts seconds after its last input is pushed.
 
-The selection goes out as `partitionsByAssets`: each per-arch target with the chosen arches, each
-noarch target unpartitioned. `assetSelection` + `partitionNames` looks equivalent, but Dagster then
-targets only the per-arch assets it reaches from the selection's roots through other selected
-per-arch assets: for the `wheels` group it silently drops lmcache-wheel and vllm-wheel, whose
-parents (lmcache, vllm) are outside the group (seen on the 1.13.27 webserver).
+`--asset-backfill` sends the `launchPartitionBackfill` mutation the UI's backfill dialog sends
+instead: a Dagster asset backfill, on the UI's Backfills page. Its daemon requests a build only
+once its parents are materialized, on an iteration every 30 s that Dagster 1.13 does not let one
+set, so each dependency level waits up to 30 s more. `--job J` launches a job's partition
+backfill (one run of J per arch), for jobs outside the asset groups such as `pytorch_run_job`.
+
+An asset backfill's selection goes out as `partitionsByAssets`: each per-arch target with the
+chosen arches, each noarch target unpartitioned. `assetSelection` + `partitionNames` looks
+equivalent, but Dagster then targets only the per-arch assets it reaches from the selection's
+roots through other selected per-arch assets: for the `wheels` group it silently drops
+lmcache-wheel and vllm-wheel, whose parents (lmcache, vllm) are outside the group (seen on the
+1.13.27 webserver).
 """
 
 import argparse
 import json
 import sys
+import urllib.parse
+import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -23,11 +32,21 @@ import httpx
 
 from rocm_assets.cli.common import EXIT_ERROR, EXIT_OK, add_list
 from rocm_assets.core.bake import BakeGraph, load_graph
-from rocm_assets.core.build.builds import SelectionError, check_arches, select_targets
-from rocm_assets.core.common.constants import DEFAULT_DAGSTER_URL
+from rocm_assets.core.build.builds import (
+    Build,
+    SelectionError,
+    builds_for,
+    check_arches,
+    select_targets,
+)
+from rocm_assets.core.common.constants import DEFAULT_DAGSTER_URL, PARTITION_TAG
 from rocm_assets.core.common.settings import bake_file_path
 
 _TIMEOUT_S = 30.0
+# The runs of one request, all tagged alike (not `rocm/`: those tags are the coordinator's).
+REQUEST_TAG = "rocm-assets/request"
+# Dagster's implicit job of every asset: the UI's Materialize button launches its subsets.
+ASSET_JOB = "__ASSET_JOB"
 
 _ASSET_NODES = """
 query RocmAssetNodes($keys: [AssetKeyInput!]) {
@@ -59,6 +78,16 @@ mutation RocmBackfill($params: LaunchBackfillParams!) {
   launchPartitionBackfill(backfillParams: $params) {
     __typename
     ... on LaunchBackfillSuccess { backfillId }
+    ... on Error { message }
+  }
+}
+"""
+_LAUNCH_RUN = """
+mutation RocmLaunchRun($params: ExecutionParams!) {
+  launchRun(executionParams: $params) {
+    __typename
+    ... on LaunchRunSuccess { run { runId } }
+    ... on RunConfigValidationInvalid { errors { message } }
     ... on Error { message }
   }
 }
@@ -105,6 +134,24 @@ def asset_backfill_params(selection: Selection, title: str) -> dict[str, Any]:
     return {"partitionsByAssets": by_asset, "title": title}
 
 
+def run_params(location: str, repository: str, build: Build, request: str) -> dict[str, Any]:
+    """ExecutionParams of one build's run: its asset, its arch as the partition, the request."""
+    tags = [{"key": REQUEST_TAG, "value": request}]
+    if build.arch is not None:
+        tags.append({"key": PARTITION_TAG, "value": build.arch})
+    return {
+        "selector": {
+            "repositoryLocationName": location,
+            "repositoryName": repository,
+            "jobName": ASSET_JOB,
+            "assetSelection": [{"path": [build.target]}],
+        },
+        "mode": "default",
+        "runConfigData": {},
+        "executionMetadata": {"tags": tags},
+    }
+
+
 def job_backfill_params(
     location: str, repository: str, partition_set: str, arches: Sequence[str], title: str
 ) -> dict[str, Any]:
@@ -125,6 +172,12 @@ def job_backfill_params(
 def ui_url(url: str, backfill_id: str) -> str:
     """The backfill's page in the Dagster UI."""
     return f"{url.rstrip('/')}/runs/b/{backfill_id}"
+
+
+def request_url(url: str, request: str) -> str:
+    """The UI's run list filtered to one request's runs."""
+    query = urllib.parse.urlencode({"q[]": f"tag:{REQUEST_TAG}={request}"})
+    return f"{url.rstrip('/')}/runs?{query}"
 
 
 class Webserver:
@@ -196,8 +249,8 @@ class Webserver:
                         f"{target} (it has {', '.join(node['partitionKeys']) or 'none'}): {reload}"
                     )
 
-    def job_partition_set(self, job: str) -> tuple[str, str, str]:
-        """(code location, repository, partition set) of the job called `job`."""
+    def find_job(self, job: str) -> tuple[str, dict[str, Any]]:
+        """(code location, repository) holding the job called `job`."""
         workspace = self.query(_WORKSPACE)["workspaceOrError"]
         if workspace["__typename"] != "Workspace":
             raise BackfillError(
@@ -209,16 +262,31 @@ class Webserver:
             for repo in location.get("repositories", []):
                 names = [j["name"] for j in repo["jobs"]]
                 jobs.extend(names)
-                if job not in names:
-                    continue
-                sets = [s["name"] for s in repo["partitionSets"] if s["pipelineName"] == job]
-                if not sets:
-                    raise BackfillError(
-                        f"job {job!r} in code location {entry['name']!r} is not partitioned by arch"
-                    )
-                return entry["name"], repo["name"], sets[0]
+                if job in names:
+                    return entry["name"], repo
         shown = ", ".join(sorted(j for j in jobs if not j.startswith("__"))) or "none"
         raise BackfillError(f"the webserver at {self.url} has no job {job!r} (jobs: {shown})")
+
+    def job_partition_set(self, job: str) -> tuple[str, str, str]:
+        """(code location, repository, partition set) of the job called `job`."""
+        location, repo = self.find_job(job)
+        sets = [s["name"] for s in repo["partitionSets"] if s["pipelineName"] == job]
+        if not sets:
+            raise BackfillError(
+                f"job {job!r} in code location {location!r} is not partitioned by arch"
+            )
+        return location, repo["name"], sets[0]
+
+    def launch_run(self, params: Mapping[str, Any]) -> str:
+        """Launch one run; its id."""
+        result = self.query(_LAUNCH_RUN, {"params": dict(params)})["launchRun"]
+        if result["__typename"] != "LaunchRunSuccess":
+            errors = result.get("errors") or [{}]
+            message = result.get("message") or errors[0].get("message", "")
+            raise BackfillError(
+                f"the webserver refused the run ({result['__typename']}): {_one_line(message)}"
+            )
+        return str(result["run"]["runId"])
 
     def launch(self, params: Mapping[str, Any]) -> str:
         """Launch the backfill; its id."""
@@ -229,6 +297,23 @@ class Webserver:
                 f"{_one_line(result.get('message', ''))}"
             )
         return str(result["backfillId"])
+
+
+def launch_at_once(web: Webserver, graph: BakeGraph, selection: Selection) -> dict[str, Any]:
+    """Every build of `selection` as its own run, in dependency order, under one request id."""
+    location, repo = web.find_job(ASSET_JOB)
+    request = uuid.uuid4().hex[:12]
+    runs: dict[str, str] = {}
+    builds = builds_for(graph, selection.targets, selection.arches)
+    for build in builds:
+        try:
+            runs[str(build)] = web.launch_run(run_params(location, repo["name"], build, request))
+        except BackfillError as exc:
+            raise BackfillError(
+                f"{build}: {exc} ({len(runs)} of {len(builds)} runs of request {request} "
+                "were launched and stay queued)"
+            ) from None
+    return {"request": request, "runs": runs}
 
 
 def cmd_backfill(args: argparse.Namespace) -> int:
@@ -248,8 +333,11 @@ def cmd_backfill(args: argparse.Namespace) -> int:
                 arches = selection.arches
                 what = f"group {args.group}" if args.group else " ".join(selection.targets)
                 web.check_partitions(selection)
-                params = asset_backfill_params(selection, f"rocm-assets: {what}")
                 summary = {"targets": list(selection.targets), "builds": selection.build_count}
+                if not args.asset_backfill:
+                    launched = launch_at_once(web, graph, selection)
+                    return _said_request(args, what, arches, summary, launched)
+                params = asset_backfill_params(selection, f"rocm-assets: {what}")
             backfill_id = web.launch(params)
     except (BackfillError, SelectionError) as exc:
         sys.stderr.write(f"rocm-assets: error: {exc}\n")
@@ -264,13 +352,41 @@ def cmd_backfill(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _said_request(
+    args: argparse.Namespace,
+    what: str,
+    arches: Sequence[str],
+    summary: Mapping[str, Any],
+    launched: Mapping[str, Any],
+) -> int:
+    link = request_url(args.url, launched["request"])
+    if args.json:
+        data = {
+            "request_id": launched["request"],
+            "url": link,
+            "arches": list(arches),
+            **summary,
+            "runs": launched["runs"],
+        }
+        sys.stdout.write(json.dumps(data, indent=2) + "\n")
+        return EXIT_OK
+    sys.stdout.write(
+        f"request {launched['request']}: {what} for {', '.join(arches)} ({summary['builds']} "
+        "builds, one run each, launched at once; each starts when its inputs are pushed)\n"
+        f"{link}\n"
+    )
+    return EXIT_OK
+
+
 def add_parser(subparsers: Any) -> None:
     """Register `backfill` on the `rocm-assets` subcommand parser."""
     p = subparsers.add_parser(
         "backfill",
         help="launch an arch backfill through the Dagster webserver",
-        description="Launch an asset backfill (or a job's partition backfill) through the "
-        "webserver's GraphQL API; it becomes one placed run per build.",
+        description="Launch every build of a group or targets for the arches through the "
+        "webserver's GraphQL API, one run per build at once, each placed when its inputs are "
+        "pushed; or a Dagster asset backfill (--asset-backfill), or a job's partition backfill "
+        "(--job).",
     )
     p.add_argument("--bake-file", help="bake file (default: $ROCM_BAKE_FILE, else ./rocm-bake.hcl)")
     what = p.add_mutually_exclusive_group(required=True)
@@ -280,6 +396,12 @@ def add_parser(subparsers: Any) -> None:
     add_list(p, "--arch", required=True, metavar="A", help="GPU arches (partitions) to build")
     p.add_argument(
         "--url", default=DEFAULT_DAGSTER_URL, help=f"webserver URL (default: {DEFAULT_DAGSTER_URL})"
+    )
+    p.add_argument(
+        "--asset-backfill",
+        action="store_true",
+        help="a Dagster asset backfill (the UI's Backfills page; its daemon advances every 30 s) "
+        "instead of every build's run at once",
     )
     p.add_argument("--json", action="store_true", help="print the backfill as JSON")
     p.set_defaults(func=cmd_backfill)
