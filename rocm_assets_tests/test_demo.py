@@ -30,6 +30,7 @@ import httpx
 import pytest
 from dagster._core.instance.ref import InstanceRef
 
+from rocm_assets.cli.backfill import REQUEST_TAG
 from rocm_assets.core.bake import load_graph
 from rocm_assets.core.build.builds import Build, build_deps
 from rocm_assets.core.build.invocation import BUILDX_INSTALL_HINT, HistoryRecord, history
@@ -140,13 +141,11 @@ def _stop(demo: subprocess.Popen[bytes]) -> int:
         raise
 
 
-def _build_runs(
-    instance: dg.DagsterInstance, backfill_id: str, expected: int
-) -> list[dg.RunRecord]:
-    """The backfill's build runs, once `expected` of them exist and nothing of it is in flight."""
+def _build_runs(instance: dg.DagsterInstance, request: str, expected: int) -> list[dg.RunRecord]:
+    """The request's build runs, once `expected` of them exist and nothing of it is in flight."""
     deadline = time.monotonic() + _BUILDS_TIMEOUT_S
     while True:
-        records = instance.get_run_records(dg.RunsFilter.for_backfill(backfill_id))
+        records = instance.get_run_records(dg.RunsFilter(tags={REQUEST_TAG: request}))
         builds = [r for r in records if r.dagster_run.tags.get(ROCM_BUILD_TAG)]
         if len(builds) >= expected and all(r.dagster_run.status in _TERMINAL for r in records):
             return builds
@@ -155,9 +154,7 @@ def _build_runs(
                 f"{r.dagster_run.tags.get(ROCM_BUILD_TAG)}={r.dagster_run.status.value}"
                 for r in records
             )
-            pytest.fail(
-                f"backfill {backfill_id} unfinished after {_BUILDS_TIMEOUT_S:.0f}s: {states}"
-            )
+            pytest.fail(f"request {request} unfinished after {_BUILDS_TIMEOUT_S:.0f}s: {states}")
         time.sleep(1.0)
 
 
@@ -187,7 +184,7 @@ def test_the_demo_builds_the_example_farm_for_two_arches(tools: None, scratch: P
     try:
         registry = _wait_for_line(demo, log, r"^registry     (http://\S+)$").group(1)
         backfill = _wait_for_line(
-            demo, log, r"^  backfill (\w+): group default for (.*) \((\d+) builds\)$"
+            demo, log, r"^  request (\w+): group default for (.*) \((\d+) builds, one run each, "
         )
         _wait_for_line(demo, log, r"^Ctrl-C stops it and removes ")
         # The demo put Debian's static busybox where the farm's Dockerfiles COPY it from.
@@ -207,7 +204,7 @@ def test_the_demo_builds_the_example_farm_for_two_arches(tools: None, scratch: P
             runs = _build_runs(instance, backfill.group(1), len(expected))
             by_build = {r.dagster_run.tags[ROCM_BUILD_TAG]: r for r in runs}
             assert set(by_build) == expected and len(runs) == len(expected)
-            # Every run of the demo, the backfill's own included, succeeded: no input ever
+            # Every run of the demo succeeded: no input ever
             # failed, so no build was placed on a failed input or sat queued behind one.
             assert {
                 r.dagster_run.run_id[:8]: r.dagster_run.status.value
