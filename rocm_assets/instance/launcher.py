@@ -77,6 +77,7 @@ class WarmRunLauncher(dg.DefaultRunLauncher):
         self._lock = threading.Lock()
         self._events: dict[str, Any] = {}
 
+    # DefaultRunLauncher's builds a DefaultRunLauncher, whatever the subclass.
     @classmethod
     def from_config_value(
         cls, inst_data: ConfigurableClassData, config_value: dict[str, Any]

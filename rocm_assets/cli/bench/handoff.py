@@ -41,7 +41,7 @@ from rocm_assets.cli.common import CliError
 from rocm_assets.core.bake import BakeGraph, load_graph
 from rocm_assets.core.build.builds import Build, build_deps, builds_for
 from rocm_assets.core.build.invocation import HistoryRecord, HistoryUnavailable, history
-from rocm_assets.core.common.constants import BUILD_NAME_PREFIX, NOARCH, ROCM_BUILD_TAG
+from rocm_assets.core.common.constants import BUILD_NAME_PREFIX, ROCM_BUILD_TAG
 from rocm_assets.core.nodes.fleet import load_fleet
 
 PARTS = ("recorded", "placed", "worker", "preflight", "claim", "buildx")
@@ -124,7 +124,7 @@ def spans_from_history(
             start, end = parse_time(record.created_at), parse_time(record.completed_at)
             if build is None or start is None or end is None or parts[1] != build.target:
                 continue
-            if parts[2] != (build.arch or NOARCH) and build.arch is not None:
+            if build.arch is not None and parts[2] != build.arch:
                 continue
             spans[build] = Span(build, node, parts[3], start, end)
     return spans
