@@ -143,4 +143,4 @@ def test_bench_handoff_runs_the_example_farm_and_splits_every_handoff() -> None:
     # The verdict is the goal's: exit 1 exactly when a goal is missed, and it says which.
     missed = doc["median_s"] >= doc["target_median_s"] or doc["max_s"] >= doc["target_max_s"]
     assert done.returncode == int(missed)
-    assert ("bench handoff:" in done.stderr) is missed
+    assert ("rocm-assets: bench handoff: " in done.stderr) is missed

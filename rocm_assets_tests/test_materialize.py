@@ -47,7 +47,6 @@ from rocm_assets.core.bake import load_graph
 from rocm_assets.core.build.invocation import HistoryRecord
 from rocm_assets.core.common.constants import ROCM_BUILD_TAG, ROCM_MAX_JOBS_TAG, ROCM_NODE_TAG
 from rocm_assets.instance import claims
-from rocm_assets.instance.launcher import WORKER_PID_TAG
 from rocm_assets_tests.helpers import alive, wait_until
 from rocm_assets_tests.helpers.daemon_farm import (
     assert_nothing_held,
@@ -710,11 +709,6 @@ def test_terminating_a_queued_and_a_running_build_from_the_ui(
         assert record.status == "Running"
         bakes = bake_processes(by_target[running])
         assert bakes
-        # Its worker was forked by the daemon's warm launcher (dagster.yaml), and this process,
-        # standing for the webserver, holds no handle on it: only the pid the run is tagged with.
-        worker = int(instance.get_run_by_id(by_target[running]).tags[WORKER_PID_TAG])
-        assert b"multiprocessing.forkserver" in Path(f"/proc/{worker}/cmdline").read_bytes()
-        assert f"Started process for run (pid: {worker})." in run_log(instance, by_target[running])
 
         request = workspace.create_request_context()
         # The queued one: cancelled in the queue at once; it never starts.

@@ -19,10 +19,6 @@ Each is here because no public API does the job in Dagster 1.13:
   asks, as no public API gives an asset partition's stale status or its causes.
 - `subset_run` creates a run of one asset of a job (the fan-out of a multi-build request):
   there is no public way to subset a remote job and create its run from inside a coordinator.
-- `start_run_in_subprocess`, its argument and reply types, `recon_job_from_origin` and
-  `LaunchRunContext` are what the code server's run worker runs and what a run launcher is
-  given: the warm launcher (`rocm_assets.instance.launcher`) starts the same worker from a
-  forkserver, and Dagster exports none of them.
 """
 
 import inspect
@@ -47,8 +43,6 @@ from dagster._core.definitions.selector import JobSubsetSelector
 from dagster._core.definitions.unresolved_asset_job_definition import (
     UnresolvedAssetJobDefinition as UnresolvedAssetJobDefinition,
 )
-from dagster._core.errors import DagsterLaunchFailedError as DagsterLaunchFailedError
-from dagster._core.launcher import LaunchRunContext as LaunchRunContext
 from dagster._core.run_coordinator.queued_run_coordinator import RunQueueConfig as RunQueueConfig
 from dagster._core.storage.event_log.schema import (
     ConcurrencySlotsTable as ConcurrencySlotsTable,
@@ -56,14 +50,7 @@ from dagster._core.storage.event_log.schema import (
 )
 from dagster._core.storage.event_log.sql_event_log import SqlEventLogStorage as SqlEventLogStorage
 from dagster._core.workspace.context import BaseWorkspaceRequestContext
-from dagster._grpc.impl import (
-    IPCErrorMessage as IPCErrorMessage,
-    RunInSubprocessComplete as RunInSubprocessComplete,
-    start_run_in_subprocess as start_run_in_subprocess,
-)
-from dagster._grpc.types import ExecuteExternalJobArgs as ExecuteExternalJobArgs
 from dagster._serdes import ConfigurableClassData as ConfigurableClassData
-from dagster._utils.hosted_user_process import recon_job_from_origin as recon_job_from_origin
 
 
 def subset_run(

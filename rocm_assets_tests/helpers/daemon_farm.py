@@ -177,8 +177,6 @@ def make_daemon_farm(
                 **(coordinator or {}),
             },
         },
-        # The shipped launcher: every worker of these farms forks as the farm's own do.
-        "run_launcher": yaml.safe_load((PROJECT_ROOT / "dagster.yaml").read_text())["run_launcher"],
         "run_monitoring": {
             "enabled": True,
             "start_timeout_seconds": 300,
