@@ -144,12 +144,15 @@ class BakePrinter:
         ):
             self.files.append(ARCH_CHECK_FILE)
         self.files.append(probe)
-        self._cacheable = not _UNSTABLE.search(outline.path.read_text(encoding="utf-8"))
+        # Read once: every call of this printer answers for these bytes.
+        contents = [f.read_bytes() for f in self.files]
+        self._files_digest = digest(*contents)
+        self._cacheable = not _UNSTABLE.search(contents[0].decode("utf-8", errors="replace"))
 
     def _key(self, env: Mapping[str, str]) -> str:
         return digest(
             self.buildx.identity(),
-            *(f.read_bytes() for f in self.files),
+            self._files_digest,
             json.dumps(sorted(bake_env(self.outline, env).items())),
             str(self.outline.path.parent.resolve()),
         )
