@@ -211,47 +211,46 @@ def summary(
 # ---- the real run ----
 
 
-def read_marks(dagster_home: Path) -> tuple[dict[str, Build], dict[Build, RunMarks], list[str]]:
-    """From the demo's instance: run id -> build, each build's marks from its successful run,
-    and the builds whose runs failed."""
+def build_runs(instance: Any) -> tuple[dict[str, Build], list[str]]:
+    """The demo's build runs: run id -> build for each that succeeded, and the builds whose run
+    failed. Run records only: cheap enough to poll beside the farm it measures."""
     import dagster as dg
 
-    builds_by_run: dict[str, Build] = {}
-    marks: dict[Build, RunMarks] = {}
+    succeeded: dict[str, Build] = {}
     failed: list[str] = []
-    with dg.DagsterInstance.from_config(str(dagster_home)) as instance:
-        for record in instance.get_run_records():
-            run = record.dagster_run
-            tag = run.tags.get(ROCM_BUILD_TAG)
-            if not tag:
-                continue
-            if run.status == dg.DagsterRunStatus.FAILURE:
-                failed.append(tag)
-            if run.status != dg.DagsterRunStatus.SUCCESS:
-                continue
-            build = Build.parse(tag)
-            builds_by_run[run.run_id] = build
-            found = RunMarks()
-            for entry in instance.all_logs(run.run_id):
-                event = entry.dagster_event
-                kind = event.event_type if event is not None else None
-                if kind == dg.DagsterEventType.RUN_STARTING:
-                    found.starting_s = entry.timestamp
-                elif kind == dg.DagsterEventType.RUN_START:
-                    found.started_s = entry.timestamp
-                elif kind == dg.DagsterEventType.ASSET_MATERIALIZATION:
-                    found.materialized_s = entry.timestamp
-                elif event is None and found.preflight_s is None:
-                    if entry.user_message.startswith(_PREFLIGHT_PREFIX):
-                        found.preflight_s = entry.timestamp
-                elif event is None and entry.user_message.startswith(_BAKE_PREFIX):
-                    found.bake_command_s = found.bake_command_s or entry.timestamp
-            marks[build] = found
-    return builds_by_run, marks, failed
+    for record in instance.get_run_records():
+        run = record.dagster_run
+        tag = run.tags.get(ROCM_BUILD_TAG)
+        if tag and run.status == dg.DagsterRunStatus.SUCCESS:
+            succeeded[run.run_id] = Build.parse(tag)
+        elif tag and run.status == dg.DagsterRunStatus.FAILURE:
+            failed.append(tag)
+    return succeeded, failed
 
 
-def _expected(graph: BakeGraph, group: str) -> set[Build]:
-    return set(builds_for(graph, graph.select([group]), graph.arches))
+def read_marks(instance: Any, builds_by_run: Mapping[str, Build]) -> dict[Build, RunMarks]:
+    """Each build's marks, from its successful run's event log (read once, at the end)."""
+    import dagster as dg
+
+    marks: dict[Build, RunMarks] = {}
+    for run_id, build in builds_by_run.items():
+        found = RunMarks()
+        for entry in instance.all_logs(run_id):
+            event = entry.dagster_event
+            kind = event.event_type if event is not None else None
+            if kind == dg.DagsterEventType.RUN_STARTING:
+                found.starting_s = entry.timestamp
+            elif kind == dg.DagsterEventType.RUN_START:
+                found.started_s = entry.timestamp
+            elif kind == dg.DagsterEventType.ASSET_MATERIALIZATION:
+                found.materialized_s = entry.timestamp
+            elif event is None and found.preflight_s is None:
+                if entry.user_message.startswith(_PREFLIGHT_PREFIX):
+                    found.preflight_s = entry.timestamp
+            elif event is None and entry.user_message.startswith(_BAKE_PREFIX):
+                found.bake_command_s = found.bake_command_s or entry.timestamp
+        marks[build] = found
+    return marks
 
 
 def run_demo(*, hold_s: float, timeout_s: float, progress: Any) -> dict[str, Any]:
@@ -261,7 +260,7 @@ def run_demo(*, hold_s: float, timeout_s: float, progress: Any) -> dict[str, Any
     farm = DEMO.parent / "farm"
     graph = load_graph(farm / "bake.hcl", {})
     fleet = load_fleet(farm / "fleet.yaml")
-    expected = _expected(graph, "default")
+    expected = set(builds_for(graph, graph.select(["default"]), graph.arches))
     state = Path(tempfile.mkdtemp(prefix="rocm-bench-handoff-")) / "demo"
     env = {**os.environ, "HOLD_S": f"{hold_s:g}"}
     argv = [sys.executable, str(DEMO), "--state-dir", str(state), "--port", str(_free_port())]
@@ -279,6 +278,7 @@ def run_demo(*, hold_s: float, timeout_s: float, progress: Any) -> dict[str, Any
     reader.start()
     home = state / "dagster_home"
     deadline = time.monotonic() + timeout_s
+    instance = None
     try:
         while True:
             if demo.poll() is not None:
@@ -286,15 +286,19 @@ def run_demo(*, hold_s: float, timeout_s: float, progress: Any) -> dict[str, Any
                 raise CliError(f"the demo exited {demo.returncode} before its builds ended: {tail}")
             if time.monotonic() > deadline:
                 raise CliError(f"the demo's builds did not end in {timeout_s:.0f} s")
-            if (home / "dagster.yaml").is_file() and any("backfill" in t for _, t in lines):
-                builds_by_run, marks, failed = read_marks(home)
+            if instance is None and any("backfill" in t for _, t in lines):
+                import dagster as dg
+
+                instance = dg.DagsterInstance.from_config(str(home))
+            if instance is not None:
+                builds_by_run, failed = build_runs(instance)
                 if failed:
-                    raise CliError(f"a build of the demo failed: {failed[0]} (see {state})")
-                if expected <= set(marks) and all(
-                    marks[b].materialized_s is not None for b in expected
-                ):
+                    raise CliError(f"a build of the demo failed: {failed[0]}")
+                # A run succeeds only after it recorded its materialization.
+                if expected <= set(builds_by_run.values()):
                     break
             time.sleep(2.0)
+        marks = read_marks(instance, builds_by_run)
         progress(f"{len(expected)} builds done; reading each node's BuildKit history")
         records = {}
         docker_env = {**os.environ, "DOCKER_CONFIG": str(state / "docker-config")}
@@ -304,6 +308,8 @@ def run_demo(*, hold_s: float, timeout_s: float, progress: Any) -> dict[str, Any
             except HistoryUnavailable as exc:
                 raise CliError(f"node {node.name}: {exc}") from None
     finally:
+        if instance is not None:
+            instance.dispose()
         with contextlib.suppress(ProcessLookupError):
             os.killpg(demo.pid, signal.SIGTERM)
         try:
