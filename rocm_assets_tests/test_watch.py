@@ -7,15 +7,23 @@ the instance's event API (a RUN_START event sets a run's start time, as a run wo
 Frames rendered in-process take `now` as an argument, so elapsed and remaining times are exact.
 """
 
+import fcntl
 import os
 import pty
+import random
 import select
 import shutil
 import signal
+import socket
+import sqlite3
+import struct
 import subprocess
 import sys
+import termios
+import threading
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import dagster as dg
@@ -45,7 +53,7 @@ from rocm_assets.core.common.constants import (
 from rocm_assets.core.common.timefmt import duration, to_iso
 from rocm_assets.core.nodes.fleet import load_fleet
 from rocm_assets.core.nodes.probes import probe_fleet
-from rocm_assets_tests.helpers import PROJECT_ROOT, free_port, write_fleet
+from rocm_assets_tests.helpers import PROJECT_ROOT, free_port, wait_until, write_fleet
 from rocm_assets_tests.servers.sshd import SshdServer
 
 FLEET = """
@@ -462,3 +470,224 @@ def test_once_probes_before_its_frame(
         f"  cloud  {NOT_PROBED}  idle",
     ]
     assert "unreachable 1" in out.stdout.splitlines()[0]
+
+
+# ##### Ctrl-C at any point of the loop: real watch processes, a real sshd, a real SQLite lock
+
+
+class SilentNode:
+    """A TCP port that accepts SSH connections and never says a word: a probe of it waits out
+    its banner timeout (5 s), so watch's probe thread is mid-probe while it is interrupted."""
+
+    def __init__(self) -> None:
+        self._server = socket.create_server(("127.0.0.1", 0))
+        self.port = self._server.getsockname()[1]
+        self._held: list[socket.socket] = []
+        self._lock = threading.Lock()
+        threading.Thread(target=self._accept, name="silent-node", daemon=True).start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                conn, _ = self._server.accept()
+            except OSError:
+                return
+            with self._lock:
+                self._held.append(conn)
+
+    def connections(self) -> int:
+        """Connections accepted and still open at the other end."""
+        with self._lock:
+            return sum(1 for c in self._held if not _closed_by_peer(c))
+
+    def close(self) -> None:
+        self._server.close()
+        with self._lock:
+            for conn in self._held:
+                conn.close()
+
+
+def _closed_by_peer(conn: socket.socket) -> bool:
+    ready, _, _ = select.select([conn], [], [], 0)
+    return bool(ready) and conn.recv(1, socket.MSG_PEEK) == b""
+
+
+@pytest.fixture
+def silent_node() -> Iterator[SilentNode]:
+    node = SilentNode()
+    yield node
+    node.close()
+
+
+class Watch:
+    """One `rocm-assets watch` in a session of its own, its stdout read by the test."""
+
+    def __init__(self, env: dict[str, str], *args: str) -> None:
+        self.proc = subprocess.Popen(
+            _watch_argv(*args),
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+        assert self.proc.stdout is not None
+        self.out = self.proc.stdout.fileno()
+        self.seen = b""
+
+    def read_for(self, seconds: float) -> None:
+        deadline = time.monotonic() + seconds
+        while (left := deadline - time.monotonic()) > 0:
+            ready, _, _ = select.select([self.out], [], [], left)
+            if ready:
+                chunk = os.read(self.out, 1 << 16)
+                assert chunk, (
+                    f"watch ended early: {self.proc.stderr.read() if self.proc.stderr else ''}"
+                )
+                self.seen += chunk
+
+    def frames(self) -> int:
+        """Frames printed whole (plain frames end in a blank line)."""
+        return self.seen.count(b"\n\nrocm-assets watch") + (1 if self.seen.endswith(b"\n\n") else 0)
+
+    def read_frames(self, count: int) -> None:
+        deadline = time.monotonic() + _READ_TIMEOUT_S
+        while self.frames() < count:
+            assert time.monotonic() < deadline, (
+                f"no {count} frames from watch: {self.seen[-300:]!r}"
+            )
+            self.read_for(0.05)
+
+    def interrupt(self) -> tuple[int, float, bytes]:
+        """SIGINT, then its exit status, how long after the signal it ended, and its stderr."""
+        sent = time.monotonic()
+        self.proc.send_signal(signal.SIGINT)
+        try:
+            self.proc.wait(timeout=_READ_TIMEOUT_S)
+        finally:
+            if self.proc.poll() is None:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait()
+        ended = time.monotonic() - sent
+        assert self.proc.stderr is not None
+        return self.proc.returncode, ended, self.proc.stderr.read()
+
+    def left_behind(self) -> bool:
+        """Whether any process of its session (a child it started) outlived it."""
+        try:
+            os.killpg(self.proc.pid, 0)
+        except ProcessLookupError:
+            return False
+        return True
+
+
+def _unread(fd: int) -> int:
+    return struct.unpack("i", fcntl.ioctl(fd, termios.FIONREAD, b"\0\0\0\0"))[0]
+
+
+def _pipe_stalled(fd: int) -> bool:
+    """The pipe holds a frame's worth and no more comes for 0.5 s (frames are due every 0.2 s):
+    watch is blocked writing to it. A full pipe holds a little under its capacity."""
+    before = _unread(fd)
+    time.sleep(0.5)
+    return _unread(fd) == before >= fcntl.fcntl(fd, fcntl.F_GETPIPE_SZ) // 2
+
+
+@contextmanager
+def runs_locked(home: Path) -> Iterator[None]:
+    """The run storage locked as a writer holds it: every read of it waits (SQLite's busy
+    timeout, 5 s) until released."""
+    db = sqlite3.connect(home / "history" / "runs.db", timeout=0, isolation_level=None)
+    try:
+        db.execute("PRAGMA locking_mode=EXCLUSIVE")
+        db.execute("BEGIN EXCLUSIVE")
+        db.execute("INSERT INTO kvs (key, value) VALUES ('rocm-test/lock', '1')")
+        yield
+    finally:
+        db.execute("ROLLBACK")
+        db.close()
+
+
+_PHASES = ("sleeping", "reading the instance", "drawing to a stalled pipe", "probing (--once)")
+_PER_PHASE = 5
+
+
+@pytest.mark.real
+def test_ctrl_c_ends_watch_within_2_s_at_any_point_of_its_loop(
+    instance: dg.DagsterInstance,
+    sshd_server: SshdServer,
+    silent_node: SilentNode,
+    home: Path,
+    tmp_path: Path,
+) -> None:
+    """20 interrupts, 5 in each phase, each made to happen: a frame read blocked by a writer's
+    lock, a frame write blocked on a full pipe, the --once probe waiting on a silent node, and
+    the pause between frames; the probe thread mid-probe of the silent node every time."""
+    # A long queue: a frame is ~40 KB, so two fill the pipe when nobody reads it.
+    for k in range(200):
+        add_build(instance, f"pytorch@gfx{k}", waiting(f"waits for an input, reason {k} " * 4))
+    fleet_file = write_fleet(
+        tmp_path / "fleet.yaml",
+        [
+            {"name": "big", "builder": "big-builder", "ssh": sshd_server.ssh_address("big")},
+            {"name": "silent", "ssh": f"root@127.0.0.1:{silent_node.port}"},
+            {"name": "cloud"},
+        ],
+        cores=8,
+        mem_gb=16.0,
+        link_mbps=100.0,
+    )
+    user = tmp_path / "user"
+    (user / ".ssh").mkdir(parents=True)
+    shutil.copy(sshd_server.client_key, user / ".ssh" / "id_ed25519")
+    os.chmod(user / ".ssh" / "id_ed25519", 0o600)
+    env = {
+        **_cli_env(home, fleet_file),
+        "HOME": str(user),
+        "ROCM_SSH_KNOWN_HOSTS": str(sshd_server.known_hosts),
+    }
+    rng = random.Random(42)
+    results: list[tuple[str, int, float, bytes, bool]] = []
+    for phase in _PHASES:
+        for _ in range(_PER_PHASE):
+            probing_before = silent_node.connections()
+            if phase == "probing (--once)":
+                watch = Watch(env, "--once")
+                wait_until(
+                    lambda before=probing_before: silent_node.connections() > before,
+                    "the --once probe to reach the silent node",
+                    timeout_s=_READ_TIMEOUT_S,
+                    poll_s=0.02,
+                )
+                time.sleep(rng.uniform(0.0, 2.0))
+                assert watch.seen == b""  # still probing: no frame yet
+                results.append((phase, *watch.interrupt(), watch.left_behind()))
+                continue
+            interval = "3" if phase == "sleeping" else "0.2"
+            watch = Watch(env, "--interval", interval)
+            watch.read_frames(1)
+            if phase == "sleeping":
+                time.sleep(rng.uniform(0.2, 2.5))
+                assert watch.frames() == 1
+                verdict = watch.interrupt()
+            elif phase == "reading the instance":
+                with runs_locked(home):
+                    # The next frame's read starts within an interval and then waits on the lock.
+                    watch.read_for(0.4)
+                    frames = watch.frames()
+                    watch.read_for(rng.uniform(0.3, 1.5))
+                    assert watch.frames() == frames, "a frame was read through the lock"
+                    verdict = watch.interrupt()
+            else:
+                deadline = time.monotonic() + _READ_TIMEOUT_S
+                while not _pipe_stalled(watch.out):
+                    assert time.monotonic() < deadline, "watch never filled its stdout pipe"
+                    time.sleep(0.05)
+                time.sleep(rng.uniform(0.1, 1.0))
+                verdict = watch.interrupt()
+            # The probe thread was in its probe of the silent node when the signal came.
+            assert silent_node.connections() > probing_before or phase == "sleeping", phase
+            results.append((phase, *verdict, watch.left_behind()))
+    bad = [r for r in results if r[1] != 0 or r[2] >= 2.0 or r[3] != b"" or r[4]]
+    assert not bad, bad
+    assert len(results) == len(_PHASES) * _PER_PHASE

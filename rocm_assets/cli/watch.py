@@ -6,7 +6,9 @@ left by the coordinator's estimate, and a progress bar; then the queue, each wai
 what it waits for. Builds are named by their BuildKit history name
 `rocm-pytorch-build/<target>/<arch>/<run id>`, the prefix that keeps the sibling project's builds
 on the same nodes apart. On a terminal the frame is redrawn in place; otherwise each frame is
-printed as plain lines. Ctrl-C ends it with status 0.
+printed as plain lines. Ctrl-C (or SIGTERM, SIGHUP) ends it with status 0 within a second,
+whatever it is doing: the signal only wakes the main thread (`StopSignals`), while reading,
+probing and drawing happen in a thread of their own.
 
 Each node line also says whether the node can be reached: `reachable` (its SSH probe answered),
 `UNREACHABLE` with the probe's one-line reason, `probing` (no answer yet), or `not probed (fleet
@@ -22,8 +24,9 @@ import argparse
 import os
 import shutil
 import sys
+import threading
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -46,6 +49,8 @@ from rocm_assets.core.common.constants import (
     ROCM_PLACEMENT_TAG,
     ROCM_WAITING_FOR_TAG,
 )
+from rocm_assets.core.common.signals import StopSignals
+from rocm_assets.core.common.text import bounded, one_line
 from rocm_assets.core.common.timefmt import duration, from_iso
 from rocm_assets.core.nodes.fleet import Fleet, Node, load_fleet
 from rocm_assets.core.nodes.probes import NodeProbe, ProbeCache, probe_fleet
@@ -60,6 +65,10 @@ NOT_PROBED = "not probed (fleet figures)"
 PLAN_SHOWN = 4
 # Home, then clear to the end of the screen: the new frame overwrites the old without flicker.
 _REDRAW = "\x1b[H\x1b[J"
+# The main thread looks at the frames' thread this often while it waits for a signal, and gives
+# it this long to finish once one came.
+_WAIT_S = 1.0
+_JOIN_S = 0.5
 
 
 def bar(fraction: float | None, width: int = BAR_WIDTH) -> str:
@@ -264,34 +273,105 @@ def _fit(lines: Sequence[str], width: int) -> str:
     return "".join(line[:width] + "\n" for line in lines)
 
 
+def _write_all(text: str) -> None:
+    """The whole frame to stdout, unbuffered: a writer blocked on a stalled terminal holds no
+    lock the interpreter's exit would need."""
+    data = text.encode(sys.stdout.encoding or "utf-8", errors="replace")
+    fd = sys.stdout.fileno()
+    while data:
+        data = data[os.write(fd, data) :]
+
+
+class _Frames(threading.Thread):
+    """Reads the instance, probes and draws, frame after frame, until told to stop; what it
+    raised is kept for the main thread."""
+
+    def __init__(
+        self,
+        instance: dg.DagsterInstance,
+        fleet: Fleet,
+        *,
+        url: str,
+        interval_s: float,
+        once: bool,
+        wake: Callable[[], None],
+    ) -> None:
+        super().__init__(name="rocm-watch-frames", daemon=True)
+        self._instance, self._fleet, self._url = instance, fleet, url
+        self._interval_s, self._once, self._wake = interval_s, once, wake
+        self.stopping = threading.Event()
+        self.finished = threading.Event()
+        self.error: BaseException | None = None
+
+    def run(self) -> None:
+        try:
+            self._frames()
+        except BaseException as exc:  # handed to the main thread, which raises it
+            self.error = exc
+        finally:
+            self.finished.set()
+            self._wake()
+
+    def _frame(self, probes: Mapping[str, NodeProbe]) -> list[str]:
+        now = time.time()
+        try:
+            return frame(self._instance, self._fleet, now, self._url, probes)
+        except Exception as exc:
+            # The instance busy (SQLite locked by a writer past its 5 s timeout) or gone for a
+            # moment: said in place of the frame, and the next one tries again.
+            stamp = datetime.fromtimestamp(now, UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+            reason = bounded(f"{type(exc).__name__}: {one_line(str(exc))}", 300)
+            return [f"rocm-assets watch  {stamp}  cannot read the Dagster instance: {reason}"]
+
+    def _frames(self) -> None:
+        fleet, once = self._fleet, self._once
+        tty = os.isatty(sys.stdout.fileno()) and not once
+        probed = any(n.ssh for n in fleet.nodes)
+        cache = ProbeCache(PROBE_INTERVAL_S, PROBE_MAX_AGE_S)
+        if probed and not once:
+            cache.watch(fleet)
+        try:
+            while not self.stopping.is_set():
+                if once:
+                    probes = {p.node: p for p in probe_fleet(fleet)} if probed else {}
+                else:
+                    probes = cache.fresh(time.time())
+                lines = self._frame(probes)
+                if self.stopping.is_set():
+                    return
+                if tty:
+                    _write_all(_REDRAW + _fit(lines, shutil.get_terminal_size().columns))
+                else:
+                    _write_all("\n".join(lines) + "\n" + ("" if once else "\n"))
+                if once:
+                    return
+                self.stopping.wait(self._interval_s)
+        finally:
+            cache.stop()
+
+
 def follow(
-    instance: dg.DagsterInstance, fleet: Fleet, *, url: str, interval_s: float, once: bool
+    instance: dg.DagsterInstance,
+    fleet: Fleet,
+    stop: StopSignals,
+    *,
+    url: str,
+    interval_s: float,
+    once: bool,
 ) -> None:
-    tty = sys.stdout.isatty() and not once
-    probed = any(n.ssh for n in fleet.nodes)
-    cache = ProbeCache(PROBE_INTERVAL_S, PROBE_MAX_AGE_S)
-    if probed and not once:
-        cache.watch(fleet)
-    try:
-        while True:
-            if once:
-                probes = {p.node: p for p in probe_fleet(fleet)} if probed else {}
-            else:
-                probes = cache.fresh(time.time())
-            lines = frame(instance, fleet, time.time(), url, probes)
-            if tty:
-                width = shutil.get_terminal_size().columns
-                sys.stdout.write(_REDRAW + _fit(lines, width))
-            else:
-                sys.stdout.write("\n".join(lines) + "\n")
-                if not once:
-                    sys.stdout.write("\n")
-            sys.stdout.flush()
-            if once:
-                return
-            time.sleep(interval_s)
-    finally:
-        cache.stop()
+    """Frames until `stop` receives a signal (or after one with `once`). The main thread only
+    waits: whatever the frames' thread is doing (a read, a probe, a write to a stalled
+    terminal), a signal ends this within a second."""
+    frames = _Frames(instance, fleet, url=url, interval_s=interval_s, once=once, wake=stop.wake)
+    frames.start()
+    while not frames.finished.is_set():
+        if stop.wait(_WAIT_S):
+            break
+    frames.stopping.set()
+    # A read or probe under way is left to the exit: the thread is a daemon's.
+    frames.join(_JOIN_S)
+    if frames.finished.is_set() and frames.error is not None:
+        raise frames.error
 
 
 def cmd_watch(args: argparse.Namespace) -> int:
@@ -300,14 +380,20 @@ def cmd_watch(args: argparse.Namespace) -> int:
         return EXIT_ERROR
     home = farm_home()
     try:
-        fleet = load_fleet(args.fleet)
-        with open_instance(home) as instance:
-            follow(instance, fleet, url=args.url, interval_s=args.interval, once=args.once)
-    except KeyboardInterrupt:
-        return EXIT_OK
+        with StopSignals() as stop:
+            fleet = load_fleet(args.fleet)
+            with open_instance(home) as instance:
+                if stop.received is None:
+                    follow(
+                        instance,
+                        fleet,
+                        stop,
+                        url=args.url,
+                        interval_s=args.interval,
+                        once=args.once,
+                    )
     except BrokenPipeError:
         # The reader went away (`watch | head`): stop quietly, and keep Python's exit flush
         # from raising again.
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        return EXIT_OK
     return EXIT_OK

@@ -14,7 +14,6 @@ import threading
 import time
 from collections import deque
 from collections.abc import Iterable, Iterator, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,12 +29,17 @@ if TYPE_CHECKING:
     from fabric import Connection
 
 logger = logging.getLogger(__name__)
+# paramiko logs a node's failure (a banner that never came) from its own thread, with a
+# traceback; the probe's reason says it in one line. Unless the process configures logging (the
+# daemon does), Python's last-resort handler would print it over `rocm-assets watch`'s frames.
+logging.getLogger("paramiko").addHandler(logging.NullHandler())
 
 _GIB_PER_KIB = 1024**2
 _SYSTEM_KNOWN_HOSTS = Path("/etc/ssh/ssh_known_hosts")
 _USER_KNOWN_HOSTS = "~/.ssh/known_hosts"
 # Parsed once per file version for every probe and command of this process.
 _KNOWN_HOSTS = KnownHostsFiles()
+_MAX_PROBES = 32
 
 
 class ProbeError(ValueError):
@@ -363,20 +367,37 @@ def probe_fleet(
     connect_kwargs: Mapping[str, Any] | None = None,
     known_hosts: str | Path | None = None,
 ) -> list[NodeProbe]:
-    """Probe every node in parallel threads, in fleet order; a failed node is `ok=False`."""
-    with ThreadPoolExecutor(max_workers=min(32, len(fleet.nodes))) as pool:
-        futures = [
-            pool.submit(
-                probe_node,
+    """Probe every node in parallel threads, in fleet order; a failed node is `ok=False`.
+
+    The threads are daemons, at most 32 at once: a process that is ending (`watch` on Ctrl-C)
+    never waits for a probe of an unreachable node, as it would for concurrent.futures' workers,
+    which are joined at exit.
+    """
+    results: list[NodeProbe | None] = [None] * len(fleet.nodes)
+    slots = threading.Semaphore(_MAX_PROBES)
+
+    def probe(index: int, node: Node) -> None:
+        with slots:
+            results[index] = probe_node(
                 node,
                 timeout_s=timeout_s,
                 sample_s=sample_s,
                 connect_kwargs=connect_kwargs,
                 known_hosts=known_hosts,
             )
-            for node in fleet.nodes
-        ]
-        return [future.result() for future in futures]
+
+    threads = [
+        threading.Thread(target=probe, args=(i, n), name=f"rocm-probe-{n.name}", daemon=True)
+        for i, n in enumerate(fleet.nodes)
+    ]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    return [
+        r if r is not None else _failed(n, "probe failed", time.time())
+        for n, r in zip(fleet.nodes, results, strict=True)
+    ]
 
 
 def best_node(probes: Iterable[NodeProbe]) -> NodeProbe | None:
