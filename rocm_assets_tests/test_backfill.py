@@ -351,6 +351,19 @@ def assert_one_build_per_node_at_a_time(dev: DagsterDev) -> int:
     return len(names & recorded)
 
 
+def test_the_first_visit_opens_on_the_farm_without_the_community_modal(
+    dagster_dev: DagsterDev,
+) -> None:
+    # The UI's CommunityNux asks `shouldShowNux` on every page served on 127.0.0.1 or localhost
+    # and opens "Join the community" over it until dismissed; the shipped dagster.yaml says no.
+    assert _graphql(dagster_dev.url, "{ shouldShowNux }") == {"shouldShowNux": False}
+    page = httpx.get(f"{dagster_dev.url}/", timeout=10.0, trust_env=False, follow_redirects=True)
+    assert page.status_code == 200
+    # Dagster's default would show it: the setting is what keeps it away.
+    with dg.instance_for_test() as default:
+        assert default.nux_enabled
+
+
 def test_a_group_request_launches_every_build_at_once(dagster_dev: DagsterDev) -> None:
     # The default: no backfill daemon between a build and its inputs (issue 36).
     out = backfill_cli(dagster_dev, "--group", "default", "--arch", *ARCHES, "--json")

@@ -337,6 +337,8 @@ def test_instance_config_validates_and_its_classes_rebuild(instance_env: dict[st
     assert processed.success, processed.errors
     assert pg_url_from_config(processed.value).endswith("@postgres:5432/dagster")
     assert config["run_monitoring"]["enabled"] is True
+    # The UI's first visit opens on the farm, not on Dagster's "Join the community" modal.
+    assert config["nux"] == {"enabled": False}
 
     coordinator = _rehydrate(config["run_coordinator"], PlacementRunCoordinator)
     try:
