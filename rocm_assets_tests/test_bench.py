@@ -135,8 +135,10 @@ def test_run_instance_covers_every_strategy_and_the_baselines() -> None:
     assert outcome.to_json()["bound_source"] == "solver"
 
 
-def _noisy_summary(name: str, coordinator: float, solver: float, others: float) -> dict[str, Any]:
-    """One noisy run per strategy with these makespans: run by run is the ratio of the two."""
+def _noisy_summary(
+    name: str, coordinator: float, solver: float, others: float, runs: int = scenarios.NOISE_SAMPLES
+) -> dict[str, Any]:
+    """Noisy runs of these makespans (as many as `runs` says): run by run is their ratio."""
     medians = dict.fromkeys(results.NOISY_STRATEGIES, others)
     medians.update({results.COORDINATOR: coordinator, results.SOLVER: solver})
     exact = {results.COORDINATOR: {"median_s": 1.0}, results.SOLVER: {"median_s": 1.0}}
@@ -145,6 +147,7 @@ def _noisy_summary(name: str, coordinator: float, solver: float, others: float) 
         "table": exact,
         "noisy_table": {k: {"median_s": v} for k, v in medians.items()},
         "noisy_paired": results.paired([{k: [v] for k, v in medians.items()}]),
+        "coordinator": {"noisy_samples": runs},
     }
 
 
@@ -180,6 +183,81 @@ def test_noisy_best_online_names_each_scenario_lost_run_by_run() -> None:
     assert report["met"] is False
     assert report["figure"].startswith("b: 1.0100x ")
     assert "a:" not in report["figure"]
+
+
+def test_a_noisy_verdict_needs_as_many_runs_as_the_full_bench_has() -> None:
+    # "b" lost on a single draw: that is reported, and not counted against the coordinator.
+    few = scenarios.NOISE_SAMPLES - 1
+    summaries = [
+        _noisy_summary("a", 90.0, 100.0, 95.0),
+        _noisy_summary("b", 101.0, 100.0, 95.0, few),
+    ]
+    report = targets.coordinator_targets(summaries, {})
+    for name in ("coordinator_noisy_best_online", "coordinator_noisy_beats_solver"):
+        assert report[name]["met"] is True, name
+        assert report[name]["not_judged"] == ["b"]
+        assert report[name]["figure"].endswith(
+            f"; not judged on b: fewer than {scenarios.NOISE_SAMPLES} noisy runs each (the full "
+            "bench has at least that many everywhere)"
+        )
+    # Nothing with enough runs: no verdict, and why.
+    report = targets.coordinator_targets([summaries[1]], {})
+    for name in ("coordinator_noisy_best_online", "coordinator_noisy_beats_solver"):
+        assert report[name]["met"] is None
+        assert report[name]["why"].startswith("not judged on b: fewer than")
+
+
+def _scale_summary(limit_s: float) -> dict[str, Any]:
+    outcome = {
+        "makespan_s": {results.COORDINATOR: 150.0, results.SOLVER: 150.0},
+        "bound_s": 100.0,
+        "solver": {"status": "FEASIBLE"},
+    }
+    return {
+        "name": "solver-100",
+        "solver_time_limit_s": limit_s,
+        "judged_at_solver_limit_s": scenarios.TARGET_SOLVER_LIMIT_S,
+        "instances": 1,
+        "outcomes": [outcome],
+        "table": {
+            results.COORDINATOR: {"median_ratio_lb": 1.5},
+            "default": {"median_ratio_lb": 1.6},
+        },
+        "solver": {"worst_wall_s": limit_s, "worst_gap": 0.25, "median_gap": 0.25, "optimal": 0},
+        "coordinator": {"worse_than_greedy": []},
+        "default_plan_worse_than_greedy": [],
+        "default_worse_than_greedy": [],
+    }
+
+
+def test_solver_100_is_judged_only_at_the_targets_solver_limit() -> None:
+    short, full = _scale_summary(2.0), _scale_summary(scenarios.TARGET_SOLVER_LIMIT_S)
+    # Solved for its full limit, a scenario judges.
+    shipped = {**_scale_summary(1.0), "name": "shipped-5arch", "judged_at_solver_limit_s": 1.0}
+    shipped["table"] = {
+        results.COORDINATOR: {"median_ratio_lb": 1.05},
+        "default": {"median_ratio_lb": 1.05},
+    }
+    # Solved for 2 s: the gap and the bound ratio say nothing of the 10 s target; reported.
+    report = targets.quality_targets([shipped, short])
+    assert report["solver_100_builds_12_nodes"]["met"] is None
+    assert report["solver_100_builds_12_nodes"]["why"] == (
+        f"solver-100 was solved for 2 s, the full bench's {scenarios.TARGET_SOLVER_LIMIT_S:g} s "
+        "(the target's limit): its gap says nothing of that"
+    )
+    assert report["solver_100_builds_12_nodes"]["worst_gap"] == 0.25
+    assert report["median_ratio_lb"]["met"] is True
+    assert report["median_ratio_lb"]["figure"].startswith(
+        "coordinator median 1.050x the bound on shipped-5arch (target <= 1.10x in every "
+        "scenario); not judged on solver-100: solved for less than the full bench's limits"
+    )
+    # Nothing solved for its full limit: no verdict, and why.
+    assert targets.quality_targets([short])["median_ratio_lb"]["met"] is None
+    # At the target's limit, the same figures are a verdict.
+    report = targets.quality_targets([shipped, full])
+    assert report["solver_100_builds_12_nodes"]["met"] is False
+    assert "why" not in report["solver_100_builds_12_nodes"]
+    assert report["median_ratio_lb"]["met"] is False
 
 
 @pytest.mark.parametrize(
@@ -321,7 +399,17 @@ def test_bench_json_schema(quick_bench: tuple[dict[str, Any], Path, str, int]) -
         "decision_ms",
         "code_location_load_s",
     }
-    assert all(isinstance(t["met"], bool) and t["figure"] for t in doc["targets"].values())
+    # A CI-sized run judges what its settings can settle; the rest carry their figures and why.
+    for name, t in doc["targets"].items():
+        assert t["figure"], name
+        assert isinstance(t["met"], bool) or (t["met"] is None and t["why"]), name
+    unjudged = {name for name, t in doc["targets"].items() if t["met"] is None}
+    assert unjudged == {
+        "median_ratio_lb",
+        "solver_100_builds_12_nodes",
+        "coordinator_noisy_best_online",
+        "coordinator_noisy_beats_solver",
+    }
     decision = doc["overhead"]["placement_decision"]
     assert decision["queued"] == 1000 and decision["nodes"] == 50
     tick = decision["coordinator"]

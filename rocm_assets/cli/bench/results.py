@@ -330,6 +330,7 @@ def summarize(scenario: Scenario, outcomes: Sequence[Outcome]) -> dict[str, Any]
         "builds": [min(o.builds for o in outcomes), max(o.builds for o in outcomes)],
         "nodes": [min(o.nodes for o in outcomes), max(o.nodes for o in outcomes)],
         "solver_time_limit_s": scenario.solver_limit_s,
+        "judged_at_solver_limit_s": scenario.judged_at_s,
         "lower_bound_median_s": round(median([o.lower_bound_s for o in outcomes]), 1),
         "bound_median_s": round(median([o.bound_s for o in outcomes]), 1),
         # How much the solver's proof raised placement's bound: 1.0 when it added nothing.
