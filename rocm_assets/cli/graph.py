@@ -39,7 +39,7 @@ def graph_json(graph: BakeGraph, arch: str | None, published: bool) -> dict[str,
     resolved = graph.resolve(arch, published=published)
     return {
         "resolved_by": graph.resolver_label,
-        "buildx": graph.resolver_version,
+        "buildx": graph.resolver_version_text,
         "arch": resolved.env.get(ARCH_VAR) or graph.default_arch,
         "published_inputs": published,
         "arches": list(graph.arches),

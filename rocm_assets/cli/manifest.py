@@ -26,11 +26,11 @@ def cmd_manifest(args: argparse.Namespace) -> int:
     graph.prefetch(published=False)
     graph.prefetch(published=True)
     path = Path(args.output) if args.output else manifest_path(graph.path, os.environ)
-    write_manifest(path, graph.outline, os.environ, graph.resolver_version, graph.prints)
+    write_manifest(path, graph.outline, os.environ, graph.resolver_version_text, graph.prints)
     out(
         f"{path}: bake's answer for {graph.path.name} ({len(graph.prints)} --print calls: "
         f"{len(graph.arches)} arches, both input modes), from docker buildx bake "
-        f"{graph.resolver_version}"
+        f"{graph.resolver_version_text}"
     )
     return EXIT_OK
 

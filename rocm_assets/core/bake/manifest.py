@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from rocm_assets.core.bake.buildx import bake_env
+from rocm_assets.core.bake.environment import bake_env
 from rocm_assets.core.bake.errors import BakeError
 from rocm_assets.core.bake.source import Outline
 from rocm_assets.core.common.cache import digest

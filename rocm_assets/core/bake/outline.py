@@ -41,7 +41,7 @@ class Outline:
         return self.attrs.get(name) or self.variables.get(name)
 
     @property
-    def values(self) -> list[str]:
+    def top_level_names(self) -> list[str]:
         """Every top-level name bake gives a value: variables, then attributes."""
         return [*self.variables, *(a for a in self.attrs if a not in self.variables)]
 

@@ -1,10 +1,9 @@
 """Where bake's answer comes from: bake itself where buildx is installed, else the manifest bake
-wrote on a host that has it. Both give `--print`'s JSON, read by `targets.answer` alike."""
+wrote on a host that has it. Both give `--print`'s JSON, which `targets.resolved_bake` reads."""
 
 from collections.abc import Mapping, Sequence
 from typing import Any, Protocol
 
-from rocm_assets.core.bake.buildx import BakePrinter
 from rocm_assets.core.bake.errors import BakeError
 from rocm_assets.core.bake.manifest import (
     REWRITE,
@@ -13,6 +12,7 @@ from rocm_assets.core.bake.manifest import (
     manifest_path,
     print_key,
 )
+from rocm_assets.core.bake.runner import BakePrinter
 from rocm_assets.core.bake.source import Outline
 from rocm_assets.core.common.buildx import Buildx, find_buildx
 

@@ -1,8 +1,8 @@
 """Resolved bake targets: bake's `--print` answer for one environment, as the graph reads it.
 
 A `Target` is a view over its --print entry (`printed`, in `printed.canonical`'s shape), so the
-graph and `rocm-assets graph --json` read one shape, whichever buildx printed it. `answer` turns
-one print (from bake now, or from a manifest bake wrote) into targets, groups and values.
+graph and `rocm-assets graph --json` read one shape, whichever buildx printed it. `resolved_bake`
+turns one print (from bake now, or from a manifest bake wrote) into targets, groups and values.
 """
 
 import json
@@ -12,10 +12,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from rocm_assets.core.bake.buildx import ALL_GROUP, VALUES_TARGET, requested
 from rocm_assets.core.bake.errors import BakeError
 from rocm_assets.core.bake.limits import MAX_DEPTH
 from rocm_assets.core.bake.printed import PrintShapeError, canonical
+from rocm_assets.core.bake.probe import ALL_GROUP, VALUES_TARGET, requested
 from rocm_assets.core.bake.source import Outline
 from rocm_assets.core.common.text import quote
 
@@ -163,7 +163,7 @@ def _values(outline: Outline, printed: Mapping[str, Any]) -> dict[str, Any]:
     """The top-level values, as bake's jsonencode wrote them into the probe target's args."""
     args = printed.get("args", {})
     values = {}
-    for name in outline.values:
+    for name in outline.top_level_names:
         try:
             values[name] = json.loads(args[name])
         except (KeyError, TypeError, ValueError):
@@ -175,10 +175,10 @@ def _values(outline: Outline, printed: Mapping[str, Any]) -> dict[str, Any]:
     return values
 
 
-def answer(
+def resolved_bake(
     outline: Outline, env: Mapping[str, str], data: Mapping[str, Any], version: tuple[int, ...]
 ) -> ResolvedBake:
-    """One `--print` of the probe group (`buildx.probe_text`) as targets, groups and values."""
+    """One `--print` of the probe group (`probe.probe_text`) as targets, groups and values."""
     raw = data.get("target") or {}
     if VALUES_TARGET not in raw:
         raise BakeError(
