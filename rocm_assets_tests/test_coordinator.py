@@ -5,6 +5,7 @@ rocm-bake.hcl, and for the fan-out test a real code location served over gRPC. T
 Dagster's MockedRunLauncher: it records launches; the test finishes runs by reporting events.
 """
 
+import dataclasses
 import json
 import time
 from pathlib import Path
@@ -46,6 +47,7 @@ from rocm_assets.instance import claims
 from rocm_assets.instance.coordinator import PlacementRunCoordinator
 from rocm_assets.instance.history import finished_builds, measured_durations
 from rocm_assets.instance.placer import PLAN_KEY
+from rocm_assets.instance.settings import CoordinatorSettings
 from rocm_assets_tests.helpers import PROJECT_ROOT
 from rocm_assets_tests.helpers.instance import (
     BAKE,
@@ -98,6 +100,30 @@ def test_the_shipped_settings_reach_the_placement_authority(path: str, fleet_fil
         shipped["lease_seconds"],
         shipped["input_wait_seconds"],
     )
+
+
+def test_each_setting_is_declared_once_and_the_schema_follows(fleet_file: Path) -> None:
+    declared = {
+        f.name: f
+        for cls in (CoordinatorSettings, FollowSettings)
+        for f in dataclasses.fields(cls)
+        if f.metadata.get("doc")
+    }
+    schema = PlacementRunCoordinator.config_type()
+    for name, f in declared.items():
+        assert schema[name].description == f.metadata["doc"], name
+        if f.default is None:
+            assert not schema[name].is_required, name
+        else:
+            assert schema[name].default_value == f.default, name
+    # Not settings: the follower's internal knobs, and CoordinatorSettings.follow itself.
+    assert {"solver_max_builds", "robust_samples", "follow"}.isdisjoint(schema)
+    given = {"lease_seconds": 90, "replan_early_margin": None, "solver_min_seconds": 3}
+    with instance_for_test(overrides=coordinator_config(fleet_file, **given)) as instance:
+        settings = instance.run_coordinator.settings
+    assert (settings.lease_seconds, settings.follow.replan_early_margin) == (90, None)
+    assert settings.follow.solver_min_seconds == 3
+    assert settings.probe_nodes is False and settings.fleet_file == str(fleet_file)
 
 
 def test_limits_hold_waiting_runs_and_one_per_node(instance: dg.DagsterInstance) -> None:

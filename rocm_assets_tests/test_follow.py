@@ -17,7 +17,13 @@ import pytest
 
 from rocm_assets.core.placement import Build, CostModel, Problem, plan
 from rocm_assets.core.placement.bounds import lower_bounds, validate_schedule
-from rocm_assets.core.placement.farm import FarmState, FollowSettings, Running, solver_budget_s
+from rocm_assets.core.placement.farm import (
+    FarmState,
+    FollowSettings,
+    Hold,
+    Running,
+    solver_budget_s,
+)
 from rocm_assets.core.placement.fill import best_move
 from rocm_assets.core.placement.follow import PlanFollower
 from rocm_assets.core.placement.problem import Run, left_shift
@@ -65,7 +71,9 @@ def farm(
         nodes,
         COST,
         built_on=built_on or {},
-        busy=busy or {},
+        holds=[
+            Hold(node, 0.0, until, "a run outside the plan") for node, until in (busy or {}).items()
+        ],
         unpublished=unpublished or {},
     )
 

@@ -122,6 +122,83 @@ def test_a_layer_imports_only_inwards(layer: str, forbidden: tuple[str, ...]) ->
     assert {name: mods for name, mods in wrong.items() if mods} == {}
 
 
+# The placement authority (issue 43): who holds which machine, and what a run's placement tags
+# say, change in one module; the code location reaches the instance side only through it.
+AUTHORITY = "rocm_assets.instance.authority"
+PLACEMENT_TAGS = ("ROCM_PLACEMENT_TAG", "ROCM_NODE_TAG", "ROCM_BUILDER_TAG", "ROCM_WAITING_FOR_TAG")
+CLAIM_CHANGES = (
+    "claim_builder",
+    "release_run",
+    "release_claim",
+    "renew_lease",
+    "end_lease",
+    "keep_from_dagster",
+    "ensure_builder_pools",
+)
+
+
+def _writes(path: Path) -> set[str]:
+    """Placement tags `path` puts in a dict (what `add_run_tags` is given), and the claims'
+    changes it calls; reading a tag (`tags.get(ROCM_NODE_TAG)`, a run filter) is no write."""
+    found: set[str] = set()
+    tree = ast.parse(path.read_text(), str(path))
+    # A run filter's `tags={...}` selects runs by their tags: a read.
+    filters = {
+        id(k.value)
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Call)
+        for k in node.keywords
+        if k.arg == "tags"
+    }
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Dict) and id(node) not in filters:
+            found.update(
+                k.id for k in node.keys if isinstance(k, ast.Name) and k.id in PLACEMENT_TAGS
+            )
+        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
+            if node.func.attr in CLAIM_CHANGES:
+                found.add(node.func.attr)
+    return found
+
+
+def test_placement_state_changes_in_the_authority_alone() -> None:
+    writers = {
+        _module(p): sorted(_writes(p))
+        for p in PACKAGE.rglob("*.py")
+        if _module(p) not in (AUTHORITY, "rocm_assets.instance.claims")
+    }
+    assert {name: w for name, w in writers.items() if w} == {}
+    # The check sees the writes where they are.
+    assert set(_writes(PACKAGE / "instance" / "authority.py")) >= {*PLACEMENT_TAGS, "claim_builder"}
+
+
+def test_the_code_location_uses_only_the_authority_of_the_instance_side() -> None:
+    allowed = (AUTHORITY, "rocm_assets.instance.dagster_internals")
+    reached = {
+        _module(path): sorted(
+            m
+            for m in _imports(path)
+            if m.startswith("rocm_assets.instance")
+            and not m.startswith(allowed)
+            and m != "rocm_assets.instance"
+        )
+        for path in (PACKAGE / "defs").rglob("*.py")
+    }
+    assert {name: mods for name, mods in reached.items() if mods} == {}
+
+
+def test_no_instance_function_is_over_60_lines() -> None:
+    long = {
+        f"{_module(path)}.{node.name}": node.end_lineno - node.lineno + 1
+        for path in (PACKAGE / "instance").rglob("*.py")
+        for node in ast.walk(ast.parse(path.read_text(), str(path)))
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef)
+        and node.end_lineno is not None
+        and node.end_lineno - node.lineno + 1 > 60
+    }
+    assert long == {}
+
+
 def test_no_module_is_over_600_lines() -> None:
     sizes = {_module(p): len(p.read_text().splitlines()) for p in PACKAGE.rglob("*.py")}
     assert {name: n for name, n in sizes.items() if n > MAX_LINES} == {}

@@ -12,18 +12,18 @@ code location.
   also calls it from run workers and the webserver. Only the daemon's call places runs
   (`rocm_assets.instance.placer`); every other call returns the limits and does nothing else.
 - A placement is an atomic claim on the node's builder in the instance's storage
-  (`rocm_assets.instance.claims`), held until the build ends; the limits hold waiting runs back
+  (`rocm_assets.instance.authority`), held until the build ends; the limits hold waiting runs back
   (limit 0) and allow one run per node.
 """
 
 import logging
 import os
 from collections.abc import Mapping
+from dataclasses import replace
 from typing import Any, Self
 
 import dagster as dg
 
-from rocm_assets.core import placement
 from rocm_assets.core.bake import BakeGraph
 from rocm_assets.core.build.builds import Build
 from rocm_assets.core.common.constants import (
@@ -39,13 +39,11 @@ from rocm_assets.core.common.constants import (
     ROCM_NODE_TAG,
     ROCM_PLACEMENT_TAG,
     ROCM_TAG_PREFIX,
-    ROCM_WAITING_FOR_TAG,
 )
 from rocm_assets.core.nodes.probes import ProbeCache
-from rocm_assets.core.placement.farm import FollowSettings
-from rocm_assets.core.placement.follow import COORDINATOR_STRATEGY
 from rocm_assets.core.registry.client import RegistryClient, RegistryError
 from rocm_assets.core.registry.preflight import PreflightError, preflight
+from rocm_assets.instance import authority
 from rocm_assets.instance.dagster_internals import (
     ConfigurableClassData,
     RunQueueConfig,
@@ -53,9 +51,10 @@ from rocm_assets.instance.dagster_internals import (
     called_by_run_queue_daemon,
     subset_run,
 )
-from rocm_assets.instance.farm_files import FarmFiles
-from rocm_assets.instance.placer import Placer, PlacerSettings
+from rocm_assets.instance.placer import Placer
 from rocm_assets.instance.runs import IN_FLIGHT_STATUSES, builds_of_run
+from rocm_assets.instance.settings import CoordinatorSettings
+from rocm_assets.instance.watched_files import WatchedFiles
 
 logger = logging.getLogger("rocm_assets.instance")
 
@@ -66,12 +65,6 @@ _SUBMIT_REGISTRY_OPTIONS = {
     "retries": 0,
     "deadline": 3.0,
 }
-_STRATEGIES = (COORDINATOR_STRATEGY, *placement.STRATEGIES)
-# Each default lives once: the core's settings, and these two for the probes.
-_FOLLOW = FollowSettings()
-_PLACER = PlacerSettings()
-_PROBE_INTERVAL_S = 60
-_PROBE_MAX_AGE_S = 300
 # Dagster's partition tags a child run must not inherit from the request it was split from.
 _PARTITION_TAGS = (PARTITION_TAG, PARTITION_RANGE_START_TAG, PARTITION_RANGE_END_TAG)
 
@@ -79,152 +72,22 @@ _PARTITION_TAGS = (PARTITION_TAG, PARTITION_RANGE_START_TAG, PARTITION_RANGE_END
 class PlacementRunCoordinator(dg.QueuedRunCoordinator):
     """Queues build runs; the daemon places each on one machine when it can start."""
 
-    def __init__(
-        self,
-        bake_file: str | None = None,
-        fleet_file: str | None = None,
-        strategy: str = COORDINATOR_STRATEGY,
-        replan_drift_margin: float = _FOLLOW.replan_drift_margin,
-        replan_early_margin: float | None = _FOLLOW.replan_early_margin,
-        fill_idle_nodes: bool = _FOLLOW.fill_idle_nodes,
-        solver: bool = _PLACER.solver,
-        solver_min_seconds: float = _FOLLOW.solver_min_seconds,
-        solver_seconds_per_build: float = _FOLLOW.solver_seconds_per_build,
-        solver_time_limit_seconds: float = _FOLLOW.solver_time_limit_seconds,
-        solver_workers: int = _PLACER.solver_workers,
-        probe_interval_seconds: int = _PROBE_INTERVAL_S,
-        probe_max_age_seconds: int = _PROBE_MAX_AGE_S,
-        probe_nodes: bool = _PLACER.probe_nodes,
-        lease_seconds: int = int(_PLACER.lease_seconds),
-        input_wait_seconds: int = int(_PLACER.input_wait_seconds),
-        bake_end_wait_seconds: int = int(_PLACER.bake_end_wait_seconds),
-        **kwargs: Any,
-    ):
-        super().__init__(**kwargs)
-        if strategy not in _STRATEGIES:
-            # dagster.yaml's Enum already refuses it; a direct construction gets the same word.
-            raise placement.PlacementError(f"unknown placement strategy {strategy!r}")
+    def __init__(self, **config: Any):
+        """`config`: Dagster's queued-run settings and ours (`CoordinatorSettings`), as
+        dagster.yaml gives them."""
+        ours = {k: config.pop(k) for k in CoordinatorSettings.names() & config.keys()}
+        super().__init__(**config)
+        self._settings = CoordinatorSettings.from_config(ours)
         # Read in the submitting process and in the daemon, each keeping its own cache.
-        self.files = FarmFiles(bake_file, fleet_file)
-        self._probes = ProbeCache(probe_interval_seconds, probe_max_age_seconds)
-        self._settings = PlacerSettings(
-            strategy=strategy,
-            follow=FollowSettings(
-                replan_drift_margin=replan_drift_margin,
-                replan_early_margin=replan_early_margin,
-                fill_idle_nodes=fill_idle_nodes,
-                solver_min_seconds=solver_min_seconds,
-                solver_seconds_per_build=solver_seconds_per_build,
-                solver_time_limit_seconds=solver_time_limit_seconds,
-            ),
-            solver=solver,
-            solver_workers=solver_workers,
-            probe_nodes=probe_nodes,
-            lease_seconds=float(lease_seconds),
-            input_wait_seconds=float(input_wait_seconds),
-            bake_end_wait_seconds=float(bake_end_wait_seconds),
+        self.files = WatchedFiles(self._settings.bake_file, self._settings.fleet_file)
+        self._probes = ProbeCache(
+            self._settings.probe_interval_seconds, self._settings.probe_max_age_seconds
         )
         self._placer: Placer | None = None
 
     @classmethod
     def config_type(cls) -> UserConfigSchema:
-        return {
-            **super().config_type(),
-            "bake_file": dg.Field(
-                dg.StringSource,
-                is_required=False,
-                description="Bake file. Default: $ROCM_BAKE_FILE, else ./rocm-bake.hcl.",
-            ),
-            "fleet_file": dg.Field(
-                dg.StringSource,
-                is_required=False,
-                description="Fleet manifest. Default: $ROCM_FLEET_FILE, else ./fleet.yaml.",
-            ),
-            "strategy": dg.Field(
-                dg.Enum("PlacementStrategy", [dg.EnumValue(name) for name in _STRATEGIES]),
-                default_value=COORDINATOR_STRATEGY,
-                description="coordinator: follow the best plan found (the heuristics at once, CP-SAT in "
-                "the background), re-planned on drift. Or re-decide every tick with one heuristic: "
-                "default (the best of the three), greedy (the seed's rule), critical-path, peft.",
-            ),
-            "replan_drift_margin": dg.Field(
-                float,
-                default_value=_FOLLOW.replan_drift_margin,
-                description="Re-plan when a build has run this share past its estimate.",
-            ),
-            "replan_early_margin": dg.Field(
-                dg.Noneable(float),
-                default_value=_FOLLOW.replan_early_margin,
-                description="Re-plan when a build ends this share of its estimate early (its "
-                "machine is free sooner than planned); null: never.",
-            ),
-            "fill_idle_nodes": dg.Field(
-                bool,
-                default_value=_FOLLOW.fill_idle_nodes,
-                description="When a machine is free and its next planned build cannot start yet, "
-                "move a ready build planned elsewhere onto it if the plan finishes no later.",
-            ),
-            "solver": dg.Field(
-                bool,
-                default_value=_PLACER.solver,
-                description="False: the plan is the heuristics' alone (no CP-SAT).",
-            ),
-            "solver_min_seconds": dg.Field(
-                float,
-                default_value=_FOLLOW.solver_min_seconds,
-                description="The solver's budget for a small re-plan.",
-            ),
-            "solver_seconds_per_build": dg.Field(
-                float,
-                default_value=_FOLLOW.solver_seconds_per_build,
-                description="The solver's budget grows by this per build at stake.",
-            ),
-            "solver_time_limit_seconds": dg.Field(
-                float,
-                default_value=_FOLLOW.solver_time_limit_seconds,
-                description="The most the solver gets for one re-plan (a 100-build backfill).",
-            ),
-            "solver_workers": dg.Field(
-                int,
-                default_value=_PLACER.solver_workers,
-                description="CP-SAT threads in the daemon; the daemon's tick never waits for them.",
-            ),
-            "probe_interval_seconds": dg.Field(
-                dg.IntSource,
-                default_value=_PROBE_INTERVAL_S,
-                description="How often the daemon probes the nodes over SSH.",
-            ),
-            "probe_max_age_seconds": dg.Field(
-                dg.IntSource,
-                default_value=_PROBE_MAX_AGE_S,
-                description="Older probe results are ignored and the fleet's figures stand in.",
-            ),
-            "probe_nodes": dg.Field(
-                bool,
-                default_value=_PLACER.probe_nodes,
-                description="False: never probe; use the fleet's figures.",
-            ),
-            "lease_seconds": dg.Field(
-                dg.IntSource,
-                default_value=int(_PLACER.lease_seconds),
-                description="A started build whose worker stops renewing its builder claim for "
-                "this long is taken as dead: its builder is freed and its run failed.",
-            ),
-            "input_wait_seconds": dg.Field(
-                dg.IntSource,
-                default_value=int(_PLACER.input_wait_seconds),
-                description="How long a build waits on an input whose last run failed or was "
-                "cancelled (for someone to rebuild it) before it fails, naming the input and "
-                "that run. Default 0: it fails at once, so nothing queues behind a failed input.",
-            ),
-            "bake_end_wait_seconds": dg.Field(
-                dg.IntSource,
-                default_value=int(_PLACER.bake_end_wait_seconds),
-                description="A run that ended still holding its builder (its worker died "
-                "mid-bake) keeps it until the builder's BuildKit history shows no running build "
-                "of the run, or for this long at most, when the builder is freed anyway.",
-            ),
-        }
+        return {**super().config_type(), **CoordinatorSettings.config_schema()}
 
     @classmethod
     def from_config_value(
@@ -239,7 +102,7 @@ class PlacementRunCoordinator(dg.QueuedRunCoordinator):
         super().dispose()
 
     @property
-    def settings(self) -> PlacerSettings:
+    def settings(self) -> CoordinatorSettings:
         """What the placement authority was configured with (dagster.yaml, resolved)."""
         return self._settings
 
@@ -254,6 +117,14 @@ class PlacementRunCoordinator(dg.QueuedRunCoordinator):
                 probes=self._probes,
             )
         return self._placer
+
+    def in_process_placer(self) -> Placer:
+        """The placer of an in-process run placing itself with no placement daemon alive
+        (`authority`): the heuristics alone, no CP-SAT threads in a run worker, and the nodes
+        probed right before each decision."""
+        settings = replace(self._settings, strategy="default", solver=False)
+        probes = ProbeCache(settings.probe_interval_seconds, settings.probe_max_age_seconds)
+        return Placer(self._instance, settings, files=self.files, probes=probes, probe_first=True)
 
     # ---- submission ----
     def submit_run(self, context: dg.SubmitRunContext) -> dg.DagsterRun:
@@ -291,10 +162,9 @@ class PlacementRunCoordinator(dg.QueuedRunCoordinator):
 
     def _blank_placement_tags(self, run: dg.DagsterRun) -> dg.DagsterRun:
         """Placement tags belong to the coordinator: those supplied at submission are blanked."""
-        supplied = {k: v for k, v in run.tags.items() if k.startswith(ROCM_TAG_PREFIX) and v}
+        supplied = authority.blank_supplied(self._instance, run)
         if not supplied:
             return run
-        self._instance.add_run_tags(run.run_id, dict.fromkeys(supplied, ""))
         shown = ", ".join(f"{k}={v}"[:80] for k, v in sorted(supplied.items()))
         node = supplied.get(ROCM_NODE_TAG)
         retry = f" (not {node}, its parent's node: retries are placed afresh)" if node else ""
@@ -344,15 +214,7 @@ class PlacementRunCoordinator(dg.QueuedRunCoordinator):
     def _queue_build(
         self, context: dg.SubmitRunContext, run: dg.DagsterRun, build: Build
     ) -> dg.DagsterRun:
-        self._instance.add_run_tags(
-            run.run_id,
-            {
-                ROCM_BUILD_TAG: str(build),
-                ROCM_PLACEMENT_TAG: PLACEMENT_WAITING,
-                ROCM_NODE_TAG: "",
-                ROCM_WAITING_FOR_TAG: "placement at dequeue time",
-            },
-        )
+        authority.queue(self._instance, run.run_id, build)
         self._event(run, f"build {build} queued; its node is chosen when it can start")
         return super().submit_run(dg.SubmitRunContext(self._reload(run), context.workspace))
 

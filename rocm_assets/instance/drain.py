@@ -8,7 +8,7 @@ such a builder only once `docker buildx history ls` on it shows no Running recor
 `wait_s` has passed since the run ended, saying what it last saw. The history is read in threads
 of the drain's own: the daemon's tick never waits on a builder. While the drain holds a claim,
 Dagster's own sweep (run monitoring's `free_slots_after_run_end_seconds`) must not free it under
-a live bake, so the drain takes the claim's pending-step row away (`claims.keep_from_dagster`).
+a live bake, so the drain takes it out of that sweep (`authority.keep_for_bake`).
 
 A run whose worker never started (no RUN_START event) baked nothing: its builder is freed at
 once. A failed one gets a line in its run log, and a `rocm/failure` tag the UI's run list shows,
@@ -37,7 +37,7 @@ from rocm_assets.core.common.constants import (
 )
 from rocm_assets.core.common.text import bounded
 from rocm_assets.core.common.timefmt import duration
-from rocm_assets.instance import claims
+from rocm_assets.instance import authority, claims
 
 logger = logging.getLogger("rocm_assets.instance")
 
@@ -119,7 +119,7 @@ class BakeDrain:
 
     def _begin(self, builder: str, record: dg.RunRecord, now: float) -> _Ending:
         run = record.dagster_run
-        claims.keep_from_dagster(self._instance, run.run_id)
+        authority.keep_for_bake(self._instance, run.run_id)
         if run.status == dg.DagsterRunStatus.FAILURE:
             line = self.death_line(run, builder)
             logger.warning("run %s: %s", run.run_id, line)
@@ -172,7 +172,7 @@ class BakeDrain:
 
     def _free(self, builder: str, run_id: str, why: str, warn: bool = False) -> None:
         self._ending.pop(builder, None)
-        if not claims.release_claim(self._instance, builder, run_id):
+        if not authority.free_builder(self._instance, builder, run_id):
             return  # freed meanwhile, by the run or by hand
         message = f"builder {builder} freed: {why}"
         logger.log(logging.WARNING if warn else logging.INFO, "run %s: %s", run_id, message)

@@ -10,7 +10,7 @@ from rocm_assets.core.nodes.fleet import Fleet, FleetError, fleet_path, load_fle
 
 
 @dataclass
-class FarmFiles:
+class WatchedFiles:
     """The bake and fleet files, re-read when their mtime changes."""
 
     bake_file: str | None

@@ -431,13 +431,16 @@ class ProbeCache:
                 fleet = self._fleet
             if fleet is not None:
                 try:
-                    results = probe_fleet(fleet)
+                    self.probe_now(fleet)
                 except Exception:
                     logger.exception("fleet probe failed; keeping the last results")
-                else:
-                    with self._lock:
-                        self._probes = {p.node: p for p in results}
             self._stop.wait(self.interval_s)
+
+    def probe_now(self, fleet: Fleet) -> None:
+        """Probe `fleet` in the caller's thread, for a decision that cannot wait for the loop."""
+        results = probe_fleet(fleet)
+        with self._lock:
+            self._probes = {p.node: p for p in results}
 
     def fresh(self, now: float) -> dict[str, NodeProbe]:
         with self._lock:

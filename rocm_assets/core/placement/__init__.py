@@ -57,6 +57,7 @@ from rocm_assets.core.placement.cost import (
 from rocm_assets.core.placement.farm import (
     FarmState as FarmState,
     FollowSettings as FollowSettings,
+    Hold as Hold,
     PlannedBuild as PlannedBuild,
     PlanView as PlanView,
     Running as Running,

@@ -6,11 +6,21 @@ being followed, for `rocm-assets watch` and the runs' tags.
 """
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
-from typing import NamedTuple
+from dataclasses import dataclass, field, replace
+from typing import Any, NamedTuple
 
 from rocm_assets.core.build.builds import Build
 from rocm_assets.core.placement.cost import CostModel, NodeLike
+
+
+class Hold(NamedTuple):
+    """A node taken by something the plan does not own, until an estimated (absolute) time:
+    `what` says by what, in words a waiting run's tag and `watch` show."""
+
+    node: str
+    since_s: float
+    until_s: float
+    what: str
 
 
 class Running(NamedTuple):
@@ -28,8 +38,7 @@ class FarmState:
     `pending` maps each waiting build to its deps (which may name builds outside it); a dep in
     none of `pending`, `running` and `unpublished` is published. `built_on` gives the node each
     finished build was built on (a dependent there pulls nothing). `nodes` are the usable nodes
-    now. `busy` holds nodes taken by something the plan does not own, until an estimated
-    (absolute) time. `unpublished` names deps known not to be published (last run failed or
+    now. `holds` are nodes taken by something the plan does not own. `unpublished` names deps known not to be published (last run failed or
     was cancelled), with why: a build depending on one waits.
     """
 
@@ -39,8 +48,16 @@ class FarmState:
     nodes: Sequence[NodeLike]
     cost: CostModel
     built_on: Mapping[Build, str] = field(default_factory=dict)
-    busy: Mapping[str, float] = field(default_factory=dict)
+    holds: Sequence[Hold] = ()
     unpublished: Mapping[Build, str] = field(default_factory=dict)
+
+    @property
+    def busy(self) -> dict[str, float]:
+        """Each held node and when its last hold is estimated to end."""
+        until: dict[str, float] = {}
+        for hold in self.holds:
+            until[hold.node] = max(hold.until_s, until.get(hold.node, hold.until_s))
+        return until
 
     def ready(self, b: Build) -> bool:
         """Every input of pending build `b` is published."""
@@ -58,43 +75,55 @@ class Slot(NamedTuple):
     end_s: float
 
 
+def knob(default: object, doc: str, choices: Sequence[str] = ()) -> Any:
+    """A setting the coordinator takes from dagster.yaml under its field's name: `doc` is its
+    description there, `choices` the only values it takes (rocm_assets.instance.settings builds
+    the schema from these fields)."""
+    return field(default=default, metadata={"doc": doc, "choices": tuple(choices)})
+
+
 @dataclass(frozen=True)
 class FollowSettings:
-    """The follower's knobs (dagster.yaml names them the same).
+    """The follower's knobs; those declared with `knob` are dagster.yaml settings too.
 
-    replan_drift_margin: re-plan when a build has run this share past its estimate.
-    replan_early_margin: re-plan when a build ends this share of its estimate early; None: never.
-    solver_min_seconds, solver_seconds_per_build, solver_time_limit_seconds: the solver's budget
-        for a re-plan of n builds, min(limit, max(min, per_build * n)) (`solver_budget_s`).
-    solver_max_builds: above this many builds the heuristics' plan stands alone (the CP-SAT
-        model grows with builds x nodes), plans compare by makespan alone and no idle node is
-        filled (a check re-times the plan once per candidate move).
-    robust_samples: once builds are seen to stray from their estimates, plans compare by their
-        mean makespan over this many draws of that spread (`robust`); 0: by makespan alone.
-    fill_idle_nodes: when a node is free and its next planned build cannot start, move a ready
-        build planned on another node onto it if the plan, re-timed, gains by it (`fill`).
+    The solver's budget for a re-plan of n builds is min(limit, max(min, per_build * n))
+    (`solver_budget_s`). Plans compare by their mean makespan over `robust_samples` draws of
+    the spread finished builds showed (`robust`); 0: by makespan alone. Above
+    `solver_max_builds` the heuristics' plan stands alone (the CP-SAT model grows with builds x
+    nodes), plans compare by makespan alone and no idle node is filled (a check re-times the
+    plan once per candidate move).
     """
 
-    replan_drift_margin: float = 0.25
-    replan_early_margin: float | None = 0.1
-    solver_min_seconds: float = 2.0
-    solver_seconds_per_build: float = 0.6
-    solver_time_limit_seconds: float = 60.0
+    replan_drift_margin: float = knob(
+        0.25, "Re-plan when a build has run this share past its estimate."
+    )
+    replan_early_margin: float | None = knob(
+        0.1,
+        "Re-plan when a build ends this share of its estimate early (its machine is free sooner "
+        "than planned); null: never.",
+    )
+    solver_min_seconds: float = knob(2.0, "The solver's budget for a small re-plan.")
+    solver_seconds_per_build: float = knob(
+        0.6, "The solver's budget grows by this per build at stake."
+    )
+    solver_time_limit_seconds: float = knob(
+        60.0, "The most the solver gets for one re-plan (a 100-build backfill)."
+    )
     solver_max_builds: int = 300
     robust_samples: int = 16
-    fill_idle_nodes: bool = True
+    fill_idle_nodes: bool = knob(
+        True,
+        "When a machine is free and its next planned build cannot start yet, move a ready build "
+        "planned elsewhere onto it if the plan finishes no later.",
+    )
 
     def scaled(self, factor: float) -> "FollowSettings":
         """The same settings with every solver budget figure times `factor` (the bench's)."""
-        return FollowSettings(
-            replan_drift_margin=self.replan_drift_margin,
-            replan_early_margin=self.replan_early_margin,
+        return replace(
+            self,
             solver_min_seconds=self.solver_min_seconds * factor,
             solver_seconds_per_build=self.solver_seconds_per_build * factor,
             solver_time_limit_seconds=self.solver_time_limit_seconds * factor,
-            solver_max_builds=self.solver_max_builds,
-            robust_samples=self.robust_samples,
-            fill_idle_nodes=self.fill_idle_nodes,
         )
 
 

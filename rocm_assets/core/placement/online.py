@@ -49,11 +49,13 @@ def choose_placements(
     deps: Mapping[Build, frozenset[Build]],
     pushed: Mapping[Build, str] | None = None,
     strategy: str = "default",
+    held: Mapping[str, float] | None = None,
 ) -> Decision:
     """Which pending builds start now, and where: the online decision of the run coordinator.
 
     `running` maps a build in flight to (node, estimated end on the `now_s` clock); `pushed`
-    maps a finished build to the node that built it (so a dependent there pulls nothing). A
+    maps a finished build to the node that built it (so a dependent there pulls nothing);
+    `held` maps a node taken by something else to when it is estimated to be free. A
     dependency in neither nor in `pending` is taken as published. Only eligible builds start
     (no dependency pending or running), at most one per free node (a node running nothing).
 
@@ -79,7 +81,7 @@ def choose_placements(
     waiting: dict[Build, Waiting] = {
         b: Waiting(f"waits for {', '.join(map(str, ds))}", deps=ds) for b, ds in blocked.items()
     }
-    busy_nodes = {node for node, _ in running.values()}
+    busy_nodes = {node for node, _ in running.values()} | set(held or {})
     free = {node.name for node in nodes} - busy_nodes
     if not pending_set:
         return Decision(strategy, (), waiting)
@@ -95,7 +97,8 @@ def choose_placements(
         placed.setdefault(b, Placed(node, 0.0))
     problem = Problem(tuple(pending_set), deps, tuple(nodes), cost, placed)
     ix = problem.index
-    avail0 = ix.avail({})
+    # A held node, like a running build past its estimate, is taken as free a second from now.
+    avail0 = ix.avail({node: max(until - now_s, 1.0) for node, until in (held or {}).items()})
     if strategy == "greedy":
         # The seed's rule needs only this instant; free nodes are exactly those at time 0.
         label, run = "greedy", run_greedy(ix, avail0, first_step_only=True)
