@@ -31,7 +31,7 @@ from rocm_assets.core.common.constants import (
 from rocm_assets.core.common.timefmt import duration, from_iso, to_iso
 from rocm_assets.core.nodes.fleet import Fleet, FleetError, Node
 from rocm_assets.core.nodes.probes import ProbeCache
-from rocm_assets.core.placement.farm import FarmState, PlanView
+from rocm_assets.core.placement.farm import FarmState, PlanView, busy_until
 from rocm_assets.core.placement.follow import COORDINATOR_STRATEGY, PlanFollower
 from rocm_assets.core.placement.runners import ThreadSolver
 from rocm_assets.core.registry.preflight import materialize_command
@@ -199,9 +199,6 @@ class Placer:
         self, reading: TickReading, situation: _Situation, now: float
     ) -> placement.Decision:
         if self.settings.strategy != COORDINATOR_STRATEGY:
-            held: dict[str, float] = {}
-            for hold in reading.holds:
-                held[hold.node] = max(hold.until_s, held.get(hold.node, hold.until_s))
             return placement.choose_placements(
                 list(situation.pending),
                 {b: (r.node, r.est_end_s) for b, r in reading.running.items()},
@@ -211,7 +208,7 @@ class Placer:
                 situation.pending,
                 pushed=situation.built_on,
                 strategy=self.settings.strategy,
-                held=held,
+                held=busy_until(reading.holds),
             )
         follower = self._plan_follower()
         decision = follower.tick(

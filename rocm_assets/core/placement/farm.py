@@ -23,6 +23,14 @@ class Hold(NamedTuple):
     what: str
 
 
+def busy_until(holds: Sequence[Hold]) -> dict[str, float]:
+    """Each held node and when its last hold is estimated to end."""
+    until: dict[str, float] = {}
+    for hold in holds:
+        until[hold.node] = max(hold.until_s, until.get(hold.node, hold.until_s))
+    return until
+
+
 class Running(NamedTuple):
     """A build in flight: its node, when it started and when it is estimated to end."""
 
@@ -53,11 +61,7 @@ class FarmState:
 
     @property
     def busy(self) -> dict[str, float]:
-        """Each held node and when its last hold is estimated to end."""
-        until: dict[str, float] = {}
-        for hold in self.holds:
-            until[hold.node] = max(hold.until_s, until.get(hold.node, hold.until_s))
-        return until
+        return busy_until(self.holds)
 
     def ready(self, b: Build) -> bool:
         """Every input of pending build `b` is published."""
