@@ -15,23 +15,23 @@ from rocm_assets.cli.bench.handoff import (
     RunMarks,
     Span,
     handoffs,
-    parse_time,
     spans_from_history,
     summary,
 )
 from rocm_assets.core.bake import load_graph
 from rocm_assets.core.build.builds import Build
 from rocm_assets.core.build.invocation import HistoryRecord
+from rocm_assets.core.common.timefmt import from_rfc3339
 from rocm_assets_tests.helpers import PROJECT_ROOT, rocm_assets_cli
 
 FARM = PROJECT_ROOT / "examples" / "farm" / "bake.hcl"
 
 
 def test_buildkit_times_are_read_to_the_microsecond() -> None:
-    assert parse_time("1970-01-01T00:00:01.123456789Z") == pytest.approx(1.123456)
-    assert parse_time("1970-01-01T01:00:02+01:00") == 2.0
-    assert parse_time("1970-01-01T00:00:03.5Z") == 3.5
-    assert parse_time("yesterday") is None and parse_time(None) is None
+    assert from_rfc3339("1970-01-01T00:00:01.123456789Z") == pytest.approx(1.123456)
+    assert from_rfc3339("1970-01-01T01:00:02+01:00") == 2.0
+    assert from_rfc3339("1970-01-01T00:00:03.5Z") == 3.5
+    assert from_rfc3339("yesterday") is None and from_rfc3339(None) is None
 
 
 def test_history_records_are_matched_to_their_runs_by_name() -> None:

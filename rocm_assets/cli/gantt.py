@@ -14,6 +14,8 @@ from typing import Any
 from rocm_assets.core.placement import Bound, Schedule
 
 FORMATS = (".svg", ".png", ".html")
+# (node, start s, end s, label): a node held outside the plan, in the plan's seconds.
+HeldBlock = tuple[str, float, float, str]
 
 
 class GanttError(ValueError):
@@ -45,13 +47,18 @@ def _bound_text(schedule: Schedule, bound: Bound | None) -> str:
 
 
 def _figure(
-    schedule: Schedule, nodes: Sequence[str], title: str, path: Path, bound: Bound | None
+    schedule: Schedule,
+    nodes: Sequence[str],
+    title: str,
+    path: Path,
+    bound: Bound | None,
+    holds: Sequence[HeldBlock],
 ) -> tuple[Any, Any]:
     """The pyplot module and the drawn figure."""
     plt = _pyplot(path)
     lanes = list(nodes) + sorted({a.node for a in schedule.assignments} - set(nodes))
     row = {name: k for k, name in enumerate(lanes)}
-    span_h = max(schedule.makespan_s, 1.0) / 3600
+    span_h = max(schedule.makespan_s, *(end for _, _, end, _ in holds), 1.0) / 3600
     fig, ax = plt.subplots(figsize=(13, 0.55 * len(lanes) + 1.8), dpi=80)
     # Colours by sorted target name: the same builds get the same colours in every strategy's
     # chart of one problem.
@@ -77,6 +84,23 @@ def _figure(
         label = a.build.arch or "noarch"
         if width > span_h * 0.006 * len(label):
             ax.text(left + width / 2, y, label, ha="center", va="center", fontsize=6)
+    # What holds a node outside the plan (a build not of this farm): grey, hatched, named.
+    for node, start_s, end_s, label in holds:
+        if node not in row:
+            continue
+        left, width = start_s / 3600, (end_s - start_s) / 3600
+        ax.barh(
+            row[node],
+            width,
+            left=left,
+            height=0.7,
+            color="lightgrey",
+            hatch="//",
+            edgecolor="dimgrey",
+            linewidth=0.4,
+        )
+        if width > span_h * 0.006 * len(label):
+            ax.text(left + width / 2, row[node], label, ha="center", va="center", fontsize=6)
     line_s = schedule.lower_bound_s if bound is None else bound.value_s
     if line_s > 0:
         ax.axvline(line_s / 3600, color="grey", linestyle="--", linewidth=0.8)
@@ -104,9 +128,11 @@ def write_gantt(
     nodes: Sequence[str],
     title: str = "plan",
     bound: Bound | None = None,
+    holds: Sequence[HeldBlock] = (),
 ) -> Path:
     """Draw `schedule` with one lane per node of `nodes` (idle ones too) into `path`, with
-    `bound` and its source as the lower bound (default: the schedule's, unnamed).
+    `bound` and its source as the lower bound (default: the schedule's, unnamed), and `holds`
+    (node, start, end, label) as grey blocks: what holds a node outside the plan.
 
     Raises:
         GanttError: the suffix is not .svg/.png/.html, matplotlib is missing, or the file cannot
@@ -118,7 +144,7 @@ def write_gantt(
         raise GanttError(
             f"{target}: unknown chart format {suffix or '(none)'}; use .svg, .png or .html"
         )
-    plt, fig = _figure(schedule, nodes, title, target, bound)
+    plt, fig = _figure(schedule, nodes, title, target, bound, holds)
     try:
         if suffix == ".html":
             buffer = io.StringIO()

@@ -2,6 +2,9 @@
 
 import argparse
 import json
+import os
+import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from typing import Any
 
@@ -24,9 +27,11 @@ from rocm_assets.core.build.builds import (
     check_arches,
     select_targets,
 )
+from rocm_assets.core.build.invocation import HistoryUnavailable, history
 from rocm_assets.core.common.constants import DEFAULT_GROUP
 from rocm_assets.core.common.timefmt import duration
 from rocm_assets.core.nodes.fleet import Fleet, Node, fleet_path, load_fleet
+from rocm_assets.core.nodes.foreign import FOREIGN_BUILD_DEFAULT_S, ForeignBuild, foreign_builds
 from rocm_assets.core.nodes.probes import NodeProbe, best_node, probe_fleet
 from rocm_assets.core.placement import (
     STRATEGIES,
@@ -39,7 +44,13 @@ from rocm_assets.core.placement import (
     validate_schedule,
 )
 from rocm_assets.core.placement.bounds import Bound, best_bound
-from rocm_assets.core.placement.farm import FarmState, FollowSettings, solver_budget_s
+from rocm_assets.core.placement.farm import (
+    FarmState,
+    FollowSettings,
+    Hold,
+    busy_until,
+    solver_budget_s,
+)
 from rocm_assets.core.placement.follow import COORDINATOR_STRATEGY, PlanFollower
 from rocm_assets.core.placement.runners import InlineSolver
 from rocm_assets.core.placement.solver import (
@@ -83,8 +94,38 @@ def _probed_nodes(fleet: Fleet, probe: bool) -> tuple[list[NodeProbe], list[Node
     return [p for p in probes if p.ok], nodes
 
 
+def _running_builds(fleet: Fleet, nodes: list[Node], cost: CostModel) -> list[ForeignBuild]:
+    """What each node's BuildKit is building now (a plan is a dry run: whoever's it is, it holds
+    its node), estimated as the coordinator estimates a build not of its farm. A node whose
+    history cannot be read is named on stderr and planned on as if it built nothing."""
+    env = dict(os.environ)
+
+    def read(node: Node) -> list[ForeignBuild]:
+        try:
+            records = history(node.builder, env, timeout_s=20.0)
+        except HistoryUnavailable as exc:
+            warn(f"{node.name}: its BuildKit history cannot be read, planned as idle: {exc}")
+            return []
+        default_s = float(FOREIGN_BUILD_DEFAULT_S)
+        return foreign_builds(node, records, lambda _: False, cost, fleet, time.time(), default_s)
+
+    with ThreadPoolExecutor(max_workers=len(nodes)) as pool:
+        return [b for found in pool.map(read, nodes) for b in found]
+
+
+def _holds(running: list[ForeignBuild], now: float) -> list[Hold]:
+    """The running builds as holds from the plan's start (0 = now)."""
+    return [
+        Hold(b.node, b.started_s - now, b.est_end_s - now, f"{b.node} is building {b.label}")
+        for b in running
+    ]
+
+
 def _coordinator_plan(
-    problem: Problem, deps: dict[Build, frozenset[Build]], time_limit_s: float | None
+    problem: Problem,
+    deps: dict[Build, frozenset[Build]],
+    time_limit_s: float | None,
+    holds: list[Hold],
 ) -> tuple[Schedule, Bound, dict[str, Any]]:
     """The plan the run coordinator would follow for this request on an idle farm: its first
     plan, the solver's part included within its budget (wall-clock seconds here), capped by
@@ -98,7 +139,7 @@ def _coordinator_plan(
         )
     follower = PlanFollower(InlineSolver(deterministic=False, workers=None), settings)
     pending = {b: deps[b] for b in problem.builds}
-    follower.tick(FarmState(0.0, pending, {}, problem.nodes, problem.cost))
+    follower.tick(FarmState(0.0, pending, {}, problem.nodes, problem.cost, holds=holds))
     for note in follower.notes():
         warn(note)
     view = follower.plan()
@@ -130,16 +171,20 @@ def cmd_plan(args: argparse.Namespace) -> int:
     fleet = load_fleet(args.fleet)
     probes, nodes = _probed_nodes(fleet, args.probe)
     problem = Problem(tuple(builds), deps, tuple(nodes), CostModel(fleet, probes=probes))
+    now = time.time()
+    running = _running_builds(fleet, nodes, problem.cost) if args.probe else []
+    holds = _holds(running, now)
+    held = {n: t for n, t in busy_until(holds).items() if t > 0}
     extra: dict[str, Any] = {}
     solver_line = ""
     try:
         if args.strategy == COORDINATOR_STRATEGY:
             schedule, bound, extra[COORDINATOR_STRATEGY] = _coordinator_plan(
-                problem, deps, args.time_limit
+                problem, deps, args.time_limit, holds
             )
         elif args.strategy == SOLVER_STRATEGY:
             limit = DEFAULT_TIME_LIMIT_S if args.time_limit is None else args.time_limit
-            result = solve(problem, limit)
+            result = solve(problem, limit, held)
             bound = best_bound(problem, result.proven_bound_s, result.schedule.makespan_s)
             schedule = replace(result.schedule, lower_bound_s=bound.value_s)
             solver_line = f"solver: {result.summary}"
@@ -152,7 +197,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
                 "kept_hint": result.kept_hint,
             }
         else:
-            schedule = plan(problem, args.strategy)
+            schedule = plan(problem, args.strategy, held)
             bound = best_bound(problem, makespan_s=schedule.makespan_s)
         errors = validate_schedule(problem, schedule)
         if errors:
@@ -164,6 +209,10 @@ def cmd_plan(args: argparse.Namespace) -> int:
                 [n.name for n in fleet.nodes],
                 title="rocm-assets plan",
                 bound=bound,
+                holds=[
+                    (h.node, max(0.0, h.since_s), h.until_s, b.label)
+                    for h, b in zip(holds, running, strict=True)
+                ],
             )
             warn(f"wrote {args.gantt}")
     except (PlacementError, SolverError, GanttError) as exc:
@@ -195,6 +244,18 @@ def cmd_plan(args: argparse.Namespace) -> int:
                 for a in schedule.assignments
             ],
             "must_be_published": published,
+            # What the nodes' BuildKit runs now (--probe): it holds its node until est_end_s.
+            "held": [
+                {
+                    "node": b.node,
+                    "name": b.name,
+                    "named": b.named,
+                    "running_s": round(now - b.started_s, 3),
+                    "est_end_s": round(b.est_end_s - now, 3),
+                    "estimated_by": b.estimated_by,
+                }
+                for b in running
+            ],
             **extra,
         }
         out(json.dumps(data, indent=2))
@@ -209,6 +270,11 @@ def cmd_plan(args: argparse.Namespace) -> int:
         f"makespan {duration(schedule.makespan_s)}, lower bound {duration(bound.value_s)} "
         f"({bound.label}; {ratio:.3f}x)"
     )
+    for b in running:
+        out(
+            f"held: {b.node} is building {b.label}, running {duration(now - b.started_s)}, "
+            f"est. end in {duration(b.est_end_s - now)} (by {b.estimated_by})"
+        )
     if solver_line:
         out(solver_line)
     if COORDINATOR_STRATEGY in extra:
@@ -315,7 +381,10 @@ def add_parsers(sub: Any) -> None:
         f"{follow.solver_min_seconds:g} s, at most {follow.solver_time_limit_seconds:g} s)",
     )
     p.add_argument(
-        "--probe", action="store_true", help="use live SSH probes, not the fleet figures"
+        "--probe",
+        action="store_true",
+        help="use live SSH probes, not the fleet figures, and plan around what each node's "
+        "BuildKit is building now",
     )
     p.add_argument("--json", action="store_true")
     p.add_argument("--gantt", metavar="FILE", help="also draw the plan: .svg, .png or .html")

@@ -18,6 +18,11 @@ itself: a background thread probes the fleet every 30 s as the coordinator does,
 reads the latest results (none older than 2 min), so a frame never waits on a node. `--once`
 probes once before its frame, bounded by the probe's timeout (about 6 s), since it has no later
 frame to show the answer in.
+
+A node whose BuildKit runs a build that is not this farm's (a sibling project's, another farm's,
+a bake by hand) shows it as `held by <name> (not this farm's)`, or `held by unnamed build
+(<buildx's name for it>)`, with its age and estimated end, as the daemon last read the nodes'
+histories (it stores them beside the plan).
 """
 
 import argparse
@@ -53,9 +58,16 @@ from rocm_assets.core.common.signals import StopSignals
 from rocm_assets.core.common.text import bounded, one_line
 from rocm_assets.core.common.timefmt import duration, from_iso
 from rocm_assets.core.nodes.fleet import Fleet, Node, load_fleet
+from rocm_assets.core.nodes.foreign import ForeignBuild
 from rocm_assets.core.nodes.probes import NodeProbe, ProbeCache, probe_fleet
 from rocm_assets.instance.runs import IN_FLIGHT_STATUSES
-from rocm_assets.instance.stored_plan import PLAN_KEY, PlanUnreadable, read_plan
+from rocm_assets.instance.stored_plan import (
+    FOREIGN_KEY,
+    PLAN_KEY,
+    PlanUnreadable,
+    read_foreign,
+    read_plan,
+)
 
 BAR_WIDTH = 20
 PROBE_INTERVAL_S = 30.0
@@ -192,9 +204,10 @@ def render(
     probes: Mapping[str, NodeProbe] | None = None,
     plan: Mapping[str, Any] | None = None,
     plan_unreadable: str | None = None,
+    foreign: Sequence[ForeignBuild] = (),
 ) -> list[str]:
-    """One frame: a header, a line per node (with its reachability), the plan (or why it cannot
-    be read), then the queue."""
+    """One frame: a header, a line per node (with its reachability and any build not of this
+    farm holding it), the plan (or why it cannot be read), then the queue."""
     builds = build_runs(records)
     holding = [b for b in builds if b.node and not b.waiting]
     queued = [b for b in builds if b.waiting]
@@ -203,8 +216,12 @@ def render(
     by_node: dict[str, list[BuildRun]] = {n.name: [] for n in nodes}
     for b in holding:
         by_node.setdefault(str(b.node), []).append(b)
+    others_on: dict[str, list[ForeignBuild]] = {}
+    for f in foreign:
+        others_on.setdefault(f.node, []).append(f)
+        by_node.setdefault(f.node, [])
     states = {n: node_state(fleet.get(n), (probes or {}).get(n)) for n in by_node}
-    busy = sum(1 for runs in by_node.values() if runs)
+    busy = sum(1 for n, runs in by_node.items() if runs or n in others_on)
     down = sum(1 for label, _ in states.values() if label == "UNREACHABLE")
     stamp = datetime.fromtimestamp(now, UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
     lines = [
@@ -219,7 +236,13 @@ def render(
     for node, runs in by_node.items():
         label, reason = states[node]
         lead = f"  {node:<{node_w}}  {label:<{state_w}}"
-        if not runs:
+        lines.extend(
+            f"{lead}  held by {f.label} (not this farm's), running "
+            f"{duration(now - f.started_s)}, est. end in {duration(f.est_end_s - now)} "
+            f"(by {f.estimated_by})"
+            for f in others_on.get(node, ())
+        )
+        if not runs and node not in others_on:
             lines.append(f"{lead}  idle" + (f"  ({reason})" if reason else ""))
         for b in runs:
             # A second build on one node breaks the farm's rule: show it, never hide it.
@@ -257,7 +280,8 @@ def frame(
     probes: Mapping[str, NodeProbe] | None = None,
 ) -> list[str]:
     records = instance.get_run_records(dg.RunsFilter(statuses=list(IN_FLIGHT_STATUSES)))
-    stored = instance.run_storage.get_cursor_values({PLAN_KEY}).get(PLAN_KEY)
+    values = instance.run_storage.get_cursor_values({PLAN_KEY, FOREIGN_KEY})
+    stored = values.get(PLAN_KEY)
     plan, unreadable = None, None
     if stored:
         try:
@@ -265,7 +289,8 @@ def frame(
         except PlanUnreadable as exc:
             # Overwritten, or from another version: said, and the nodes and queue still show.
             unreadable = str(exc)
-    return render(records, fleet.nodes, now, url, probes, plan, unreadable)
+    foreign = read_foreign(values.get(FOREIGN_KEY))
+    return render(records, fleet.nodes, now, url, probes, plan, unreadable, foreign)
 
 
 def _fit(lines: Sequence[str], width: int) -> str:

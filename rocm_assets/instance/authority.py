@@ -45,10 +45,12 @@ from rocm_assets.core.common.constants import (
     ROCM_TAG_PREFIX,
     ROCM_WAITING_FOR_TAG,
 )
-from rocm_assets.core.common.timefmt import to_iso
+from rocm_assets.core.common.text import bounded
+from rocm_assets.core.common.timefmt import duration, to_iso
 from rocm_assets.core.nodes.fleet import Fleet, Node, fleet_path
 from rocm_assets.core.nodes.probes import probe_node
 from rocm_assets.instance import claims
+from rocm_assets.instance.foreign import ForeignWatch
 from rocm_assets.instance.settings import CoordinatorSettings
 
 logger = logging.getLogger("rocm_assets.instance")
@@ -58,6 +60,9 @@ _SELF_PLACED_TAGS = (ROCM_NODE_TAG, ROCM_MAX_JOBS_TAG, ROCM_BUILDER_TAG)
 # The queued-run daemon heartbeats every 30 s; older than this, nobody places waiting runs.
 _DAEMON_HEARTBEAT_MAX_AGE_S = 120.0
 _LEASE_RENEW_S = 30.0
+# A worker waiting out a build not of this farm looks again this often, and says so this often.
+_FOREIGN_POLL_S = 2.0
+_FOREIGN_SAY_S = 300.0
 
 
 # ---- the tags ----
@@ -232,6 +237,7 @@ def machine_for_build(
         else:
             # An in-memory instance (`dg.materialize` in a script): nothing else shares it.
             node = _node_for_a_lone_run(context, build, fleet, poll_s)
+        clear_of_foreign_builds(context, node, fleet)
         probe = probe_node(node)
         jobs = placement.max_jobs(node, probe)
         # What this build uses, for the UI and watch; never read back to decide anything.
@@ -246,6 +252,52 @@ def machine_for_build(
     finally:
         if shared:
             release(instance, run_id)
+
+
+def clear_of_foreign_builds(
+    context: dg.AssetExecutionContext | dg.AssetCheckExecutionContext, node: Node, fleet: Fleet
+) -> None:
+    """Just before the bake, look at the node once more: a build not of this farm that started
+    there after placement is waited out, the claim kept (docs/reliability.md: the window left)."""
+    instance, run_id = context.instance, context.run.run_id
+    settings = settings_of(instance)
+    if settings.foreign_check_seconds <= 0:
+        return
+    watch = ForeignWatch(instance, settings.foreign_check_seconds, settings.foreign_build_seconds)
+    cost = placement.CostModel(fleet)
+    began = said = time.time()
+    told = False
+    while True:
+        try:
+            builds = watch.read_node(node, fleet, cost)
+        except Exception as exc:
+            context.log.warning(
+                "cannot read builder %s's BuildKit history before the bake, so a build there "
+                "that is not this farm's would not be seen; baking: %s",
+                node.builder,
+                bounded(str(exc), 300),
+            )
+            return
+        now = time.time()
+        if not builds:
+            if told:
+                context.log.info(
+                    "the build that is not this farm's on %s has ended after %s; baking now",
+                    node.name,
+                    duration(now - began),
+                )
+            return
+        if not told or now - said >= _FOREIGN_SAY_S:
+            context.log.warning(
+                "%s; it started after this run was placed: builder %s stays claimed for this run, "
+                "which bakes once it ends",
+                builds[-1].what(now),
+                node.builder,
+            )
+            told, said = True, now
+        if claims.supported(instance):
+            claims.renew_lease(instance, run_id, now)
+        time.sleep(_FOREIGN_POLL_S)
 
 
 def _held_node(
@@ -400,7 +452,7 @@ def _node_for_a_lone_run(
 
 @contextmanager
 def machine_for_test(
-    context: dg.AssetCheckExecutionContext, node: Node, poll_s: float
+    context: dg.AssetCheckExecutionContext, node: Node, fleet: Fleet, poll_s: float
 ) -> Iterator[int]:
     """Hold `node`'s builder for a bake this run must make there (a GPU test image); MAX_JOBS.
 
@@ -416,6 +468,7 @@ def machine_for_test(
             context.log.info("waiting for builder %s, held by run %s", node.builder, holder)
             time.sleep(poll_s)
     try:
+        clear_of_foreign_builds(context, node, fleet)
         with LeaseKeeper(instance, run_id):
             yield placement.max_jobs(node, probe_node(node))
     finally:

@@ -30,6 +30,7 @@ from rocm_assets.core.common.constants import (
 )
 from rocm_assets.core.common.timefmt import duration, from_iso, to_iso
 from rocm_assets.core.nodes.fleet import Fleet, FleetError, Node
+from rocm_assets.core.nodes.foreign import ForeignBuild
 from rocm_assets.core.nodes.probes import ProbeCache
 from rocm_assets.core.placement.farm import FarmState, PlanView, busy_until
 from rocm_assets.core.placement.follow import COORDINATOR_STRATEGY, PlanFollower
@@ -37,10 +38,18 @@ from rocm_assets.core.placement.runners import ThreadSolver
 from rocm_assets.core.registry.preflight import materialize_command
 from rocm_assets.instance import authority
 from rocm_assets.instance.drain import BakeDrain
+from rocm_assets.instance.foreign import ForeignWatch, unreadable_note
 from rocm_assets.instance.history import finished_builds, measured_durations
 from rocm_assets.instance.reading import FarmReader, TickReading
 from rocm_assets.instance.settings import CoordinatorSettings
-from rocm_assets.instance.stored_plan import PLAN_KEY, PlanUnreadable, plan_json, read_plan
+from rocm_assets.instance.stored_plan import (
+    FOREIGN_KEY,
+    PLAN_KEY,
+    PlanUnreadable,
+    foreign_json,
+    plan_json,
+    read_plan,
+)
 from rocm_assets.instance.watched_files import WatchedFiles
 
 logger = logging.getLogger("rocm_assets.instance")
@@ -91,6 +100,12 @@ class Placer:
         self._written: str | None = None
         self._unreadable: str | None = None
         self._drain = BakeDrain(instance, settings.bake_end_wait_seconds)
+        self._foreign = ForeignWatch(
+            instance, settings.foreign_check_seconds, settings.foreign_build_seconds
+        )
+        self._stored_foreign: str | None = None
+        # run id -> builders whose unreadable history that waiting run was told of.
+        self._told_unreadable: dict[str, set[str]] = {}
 
     def _measured_durations(
         self, graph: BakeGraph, fleet: Fleet
@@ -103,6 +118,7 @@ class Placer:
 
     def close(self) -> None:
         self._drain.close()
+        self._foreign.close()
         if self._follower is not None:
             self._follower.close()
 
@@ -134,16 +150,27 @@ class Placer:
             self._probes.probe_now(fleet)
         elif self.settings.probe_nodes:
             self._probes.watch(fleet)
+        if in_process_only:
+            self._foreign.read_now(fleet)
+        else:
+            self._foreign.refresh(fleet, now)
         authority.ensure_pools(self._instance, {n.builder for n in fleet.nodes})
         if not in_process_only:
             self._check_stored_plan()
             self._drain.sweep(now)
         reader = FarmReader(self._instance, graph, fleet, self.settings.lease_seconds, now)
         reading = reader.read(self._drain.draining(), in_process_only)
+        cost = self._cost(graph, fleet, now)
+        # Builds that are not this farm's hold their nodes as the farm's own do.
+        foreign = self._foreign.builds(fleet, cost, now)
+        reading.holds.extend(b.hold(now) for b in foreign)
+        if not in_process_only:
+            self._store_foreign(foreign)
         self._apply_reading(reading)
+        self._tell_unreadable(reading)
         if not reading.waiting:
             return None
-        situation = self._situation(reading, graph, fleet, now)
+        situation = self._situation(reading, graph, fleet, cost, now)
         for build, reason in situation.held_back.items():
             run = reading.waiting[build].run
             if build in situation.refused:
@@ -159,17 +186,25 @@ class Placer:
         self._apply_decision(decision, reading, situation, fleet, max_concurrent_runs, now)
         return decision
 
-    def _situation(
-        self, reading: TickReading, graph: BakeGraph, fleet: Fleet, now: float
-    ) -> _Situation:
-        """Probes, costs and inputs for the waiting builds; inputs that did not publish hold
-        their dependents back (told so, or failed after the bound)."""
-        probes = self._probes.fresh(now)
-        cost = placement.CostModel(
+    def _cost(self, graph: BakeGraph, fleet: Fleet, now: float) -> placement.CostModel:
+        """The cost model as the nodes' probes and the measured durations stand now."""
+        return placement.CostModel(
             fleet,
-            probes=[p for p in probes.values() if p.ok],
+            probes=[p for p in self._probes.fresh(now).values() if p.ok],
             measured=self._measured_durations(graph, fleet),
         )
+
+    def _situation(
+        self,
+        reading: TickReading,
+        graph: BakeGraph,
+        fleet: Fleet,
+        cost: placement.CostModel,
+        now: float,
+    ) -> _Situation:
+        """Probes and inputs for the waiting builds; inputs that did not publish hold their
+        dependents back (told so, or failed after the bound)."""
+        probes = self._probes.fresh(now)
         deps = {b: build_deps(graph, b) for b in reading.waiting}
         outside = (
             {d for ds in deps.values() for d in ds}
@@ -288,6 +323,30 @@ class Placer:
                 if tagged is None or abs(tagged - why.est_start_s) > _EST_TAG_SLACK_S:
                     extra[ROCM_EST_START_TAG] = to_iso(why.est_start_s)
             self._wait(run, why.reason, extra)
+
+    def _store_foreign(self, foreign: list[ForeignBuild]) -> None:
+        """Keep the foreign builds where `rocm-assets watch` reads them, when they changed."""
+        text = json.dumps(foreign_json(foreign))
+        if text == self._stored_foreign:
+            return
+        self._stored_foreign = text
+        self._instance.run_storage.set_cursor_values({FOREIGN_KEY: text})
+
+    def _tell_unreadable(self, reading: TickReading) -> None:
+        """Each waiting run hears once of each builder whose history cannot be read."""
+        unreadable = self._foreign.unreadable()
+        waiting = {w.run.run_id: w.run for w in reading.waiting.values()}
+        self._told_unreadable = {
+            i: told for i, told in self._told_unreadable.items() if i in waiting
+        }
+        for run_id, run in waiting.items():
+            told = self._told_unreadable.setdefault(run_id, set())
+            new = {b: why for b, why in unreadable.items() if b not in told}
+            if new:
+                told.update(new)
+                self.event(
+                    run, f"placed as if those builders build nothing else: {unreadable_note(new)}"
+                )
 
     def _store_plan(self, view: PlanView | None) -> None:
         """Keep the followed plan where `rocm-assets watch` reads it, when it changed."""

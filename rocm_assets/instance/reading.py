@@ -92,12 +92,13 @@ class FarmReader:
             reading.waiting = {b: w for b, w in reading.waiting.items() if w.in_process}
         by_builder = {n.builder: n.name for n in self.fleet.nodes}
         for builder, (run_id, ended) in draining.items():
+            node = by_builder.get(builder, f"builder:{builder}")
             reading.holds.append(
                 Hold(
-                    by_builder.get(builder, f"builder:{builder}"),
+                    node,
                     ended,
                     max(ended + _ENDING_BAKE_S, self.now + 1.0),
-                    f"the ending bake of run {run_id[:8]}",
+                    f"{node} is held by the ending bake of run {run_id[:8]}",
                 )
             )
         # A build both running and waiting: the waiting request runs after it.
@@ -172,7 +173,9 @@ class FarmReader:
             )
             end = started + seconds
         if build is None:
-            reading.holds.append(Hold(name, started, end, f"run {run.run_id[:8]}"))
+            reading.holds.append(
+                Hold(name, started, end, f"{name} is held by run {run.run_id[:8]}")
+            )
         else:
             reading.running[build] = Running(name, started, end)
 

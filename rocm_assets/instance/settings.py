@@ -12,6 +12,7 @@ from typing import Any, Self
 import dagster as dg
 
 from rocm_assets.core import placement
+from rocm_assets.core.nodes.foreign import FOREIGN_BUILD_DEFAULT_S
 from rocm_assets.core.placement.farm import FollowSettings, knob
 from rocm_assets.core.placement.follow import COORDINATOR_STRATEGY
 
@@ -61,6 +62,18 @@ class CoordinatorSettings:
         "A run that ended still holding its builder (its worker died mid-bake) keeps it until "
         "the builder's BuildKit history shows no running build of the run, or for this long at "
         "most, when the builder is freed anyway.",
+    )
+    foreign_check_seconds: float = knob(
+        2.0,
+        "How often each builder's BuildKit history is read for builds that are not this farm's "
+        "(a sibling project's, another farm's, a bake by hand): such a build holds its node. "
+        "0: never read; only this farm's runs hold nodes.",
+    )
+    foreign_build_seconds: int = knob(
+        FOREIGN_BUILD_DEFAULT_S,
+        "How long a build that is not this farm's is expected to take when the cost model "
+        "cannot estimate it (unnamed, or a target the fleet gives no cost); the plan is re-made "
+        "when it ends.",
     )
 
     @classmethod

@@ -1,18 +1,23 @@
-"""The followed plan as the daemon stores it for `rocm-assets watch`, and reads it back.
+"""The followed plan as the daemon stores it for `rocm-assets watch`, and reads it back; and the
+builds not of this farm that hold nodes.
 
 The plan lives in the instance's key-value store under PLAN_KEY, as JSON (`plan_json`). Anyone
 with the instance can overwrite it, and another version may have written another shape, so a
-reader takes it through `read_plan`: the plan, or PlanUnreadable with one line saying why.
+reader takes it through `read_plan`: the plan, or PlanUnreadable with one line saying why. The
+foreign builds live under FOREIGN_KEY (`foreign_json`); `read_foreign` keeps the readable ones.
 """
 
 import json
 from typing import Any
 
 from rocm_assets.core.common.text import shown
+from rocm_assets.core.nodes.foreign import ForeignBuild
 from rocm_assets.core.placement.farm import PlanView
 
 # Where the followed plan is kept: the instance's key-value store.
 PLAN_KEY = "rocm/plan"
+# Where the builds not of this farm holding nodes are kept, as the daemon last read them.
+FOREIGN_KEY = "rocm/foreign_builds"
 
 
 class PlanUnreadable(ValueError):
@@ -77,3 +82,45 @@ def plan_json(view: PlanView) -> dict[str, Any]:
             for node, planned in view.queues.items()
         },
     }
+
+
+def foreign_json(builds: list[ForeignBuild]) -> list[dict[str, Any]]:
+    """The foreign builds as they are stored (FOREIGN_KEY)."""
+    return [
+        {
+            "node": b.node,
+            "ref": b.ref,
+            "name": b.name,
+            "named": b.named,
+            "started_at": b.started_s,
+            "est_end": b.est_end_s,
+            "estimated_by": b.estimated_by,
+        }
+        for b in builds
+    ]
+
+
+def read_foreign(text: str | None) -> list[ForeignBuild]:
+    """The stored foreign builds (FOREIGN_KEY); entries not of `foreign_json`'s shape are left
+    out (another version wrote them, or a hand)."""
+    try:
+        items = json.loads(text or "[]")
+    except ValueError:
+        return []
+    found = []
+    for item in items if isinstance(items, list) else []:
+        try:
+            found.append(
+                ForeignBuild(
+                    str(item["node"]),
+                    str(item["ref"]),
+                    str(item["name"]),
+                    bool(item["named"]),
+                    float(item["started_at"]),
+                    float(item["est_end"]),
+                    str(item["estimated_by"]),
+                )
+            )
+        except (KeyError, TypeError, ValueError):
+            continue
+    return found

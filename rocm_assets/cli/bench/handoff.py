@@ -22,7 +22,6 @@ The handoff splits at Dagster's own records, each clipped to the moment the buil
 
 import contextlib
 import os
-import re
 import signal
 import socket
 import statistics
@@ -33,7 +32,6 @@ import threading
 import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -42,6 +40,7 @@ from rocm_assets.core.bake import BakeGraph, load_graph
 from rocm_assets.core.build.builds import Build, build_deps, builds_for
 from rocm_assets.core.build.invocation import HistoryRecord, HistoryUnavailable, history
 from rocm_assets.core.common.constants import BUILD_NAME_PREFIX, ROCM_BUILD_TAG
+from rocm_assets.core.common.timefmt import from_rfc3339
 from rocm_assets.core.nodes.fleet import load_fleet
 
 PARTS = ("recorded", "placed", "worker", "preflight", "claim", "buildx")
@@ -55,16 +54,6 @@ TARGET_MAX_S = 10.0
 DEMO = Path(__file__).resolve().parents[3] / "examples" / "demo.py"
 _PREFLIGHT_PREFIX = "preflight: "
 _BAKE_PREFIX = "baking "
-_RFC3339 = re.compile(r"^(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d)(?:\.(\d+))?(Z|[+-]\d\d:\d\d)$")
-
-
-def parse_time(text: str | None) -> float | None:
-    """Epoch seconds from BuildKit's RFC 3339 time (nanoseconds cut to Python's microseconds)."""
-    match = _RFC3339.match(text or "")
-    if match is None:
-        return None
-    zone = "+00:00" if match[3] == "Z" else match[3]
-    return datetime.fromisoformat(f"{match[1]}.{(match[2] or '')[:6]:0<6}{zone}").timestamp()
 
 
 @dataclass(frozen=True)
@@ -121,7 +110,7 @@ def spans_from_history(
             if len(parts) != 4 or parts[0] != BUILD_NAME_PREFIX or record.status != "Completed":
                 continue
             build = builds_by_run.get(parts[3])
-            start, end = parse_time(record.created_at), parse_time(record.completed_at)
+            start, end = from_rfc3339(record.created_at), from_rfc3339(record.completed_at)
             if build is None or start is None or end is None or parts[1] != build.target:
                 continue
             if build.arch is not None and parts[2] != build.arch:

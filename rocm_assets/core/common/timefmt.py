@@ -1,8 +1,10 @@
 """Time as the farm prints it: one duration format, one timestamp format for run tags."""
 
+import re
 from datetime import UTC, datetime
 
 _ISO = "%Y-%m-%dT%H:%M:%SZ"
+_RFC3339 = re.compile(r"^(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d)(?:\.(\d+))?(Z|[+-]\d\d:\d\d)$")
 
 
 def duration(seconds: float) -> str:
@@ -28,3 +30,13 @@ def from_iso(text: str | None) -> float | None:
         return datetime.strptime(text, _ISO).replace(tzinfo=UTC).timestamp()
     except ValueError:
         return None
+
+
+def from_rfc3339(text: str | None) -> float | None:
+    """Epoch seconds from BuildKit's RFC 3339 time (nanoseconds cut to Python's microseconds);
+    None when absent or unreadable."""
+    match = _RFC3339.match(text or "")
+    if match is None:
+        return None
+    zone = "+00:00" if match[3] == "Z" else match[3]
+    return datetime.fromisoformat(f"{match[1]}.{(match[2] or '')[:6]:0<6}{zone}").timestamp()

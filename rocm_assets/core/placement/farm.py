@@ -11,6 +11,7 @@ from typing import Any, NamedTuple
 
 from rocm_assets.core.build.builds import Build
 from rocm_assets.core.placement.cost import CostModel, NodeLike
+from rocm_assets.core.placement.problem import EPS
 
 
 class Hold(NamedTuple):
@@ -29,6 +30,32 @@ def busy_until(holds: Sequence[Hold]) -> dict[str, float]:
     for hold in holds:
         until[hold.node] = max(hold.until_s, until.get(hold.node, hold.until_s))
     return until
+
+
+def hold_drift(
+    busy: Mapping[str, float],
+    planned: Mapping[str, float],
+    made_s: float,
+    now_s: float,
+    margin: float,
+    nodes: frozenset[str],
+) -> str | None:
+    """Why the holds no longer match the plan's (`planned`: each held node's end when the plan
+    was made at `made_s`), or None: a new hold, one longer than planned by `margin`, or one that
+    ended before its estimate (a build not of the farm estimated by a default, a bake that ended
+    early), which leaves the plan waiting on a free machine."""
+    for node, until in busy.items():
+        if until <= now_s + EPS:
+            continue
+        end = planned.get(node)
+        if end is None:
+            return f"{node} is held outside the plan"
+        if until > end + margin * max(0.0, end - made_s) + EPS:
+            return f"{node} is held longer than planned"
+    for node, end in planned.items():
+        if end > now_s + EPS and busy.get(node, 0.0) <= now_s + EPS and node in nodes:
+            return f"{node} is free before its hold's estimated end"
+    return None
 
 
 class Running(NamedTuple):
@@ -62,6 +89,11 @@ class FarmState:
     @property
     def busy(self) -> dict[str, float]:
         return busy_until(self.holds)
+
+    def hold_on(self, node: str) -> Hold | None:
+        """What holds `node` now outside the plan (the hold that ends last), or None."""
+        holds = [h for h in self.holds if h.node == node and h.until_s > self.now_s]
+        return max(holds, key=lambda h: h.until_s, default=None)
 
     def ready(self, b: Build) -> bool:
         """Every input of pending build `b` is published."""

@@ -15,7 +15,8 @@ It re-plans when reality drifts from the plan (`FarmState` is what the caller kn
   plan expected: with noisy durations re-planning then is what lets the follower match and
   beat re-planning at every event, docs/benchmarks.md);
 - an input known not to be published (its run failed or was cancelled) or published again,
-  a node held longer than planned by something outside the plan, a build started elsewhere.
+  a node held longer than planned by something outside the plan (or freed before its hold's
+  estimated end: a build not of this farm, estimated by a default), a build started elsewhere.
 
 A re-plan adopts at once the shortest of the heuristics' plans (`run_default`) and of the old
 plan's remainder re-timed (so drift does not throw away a solver plan that still holds), then
@@ -43,6 +44,7 @@ from rocm_assets.core.placement.farm import (
     PlanView,
     Running,
     Slot,
+    hold_drift,
     solver_budget_s,
 )
 from rocm_assets.core.placement.fill import best_move
@@ -257,15 +259,7 @@ class PlanFollower:
                     return f"{b} finished {early:.0%} before its estimate"
         if self._blocked_inputs(s) != self._blocking:
             return "inputs known not to be published changed"
-        for node, until in s.busy.items():
-            if until <= now + EPS:
-                continue
-            planned = self._busy.get(node)
-            if planned is None:
-                return f"{node} is held outside the plan"
-            if until > planned + margin * max(0.0, planned - self._made_s) + EPS:
-                return f"{node} is held longer than planned"
-        return None
+        return hold_drift(s.busy, self._busy, self._made_s, now, margin, names)
 
     def _blocked_inputs(self, s: FarmState) -> frozenset[Build]:
         unpublished = s.unpublished.keys() & self._inputs
@@ -562,6 +556,11 @@ class PlanFollower:
             self._estimate[head] = finish - now
             self._emitted.add(head)
             self._moved = True
+        # The build next on a held node says what holds it, as that hold stands now.
+        for node, until in s.busy.items():
+            queue = self._queues.get(node)
+            if until > now + EPS and queue and queue[0] in pending:
+                touched.add(queue[0])
         for b in left:
             self._waiting.pop(b, None)
         for b in touched:
@@ -593,6 +592,9 @@ class PlanFollower:
             prev = self._prev.get(b)
             if prev is None or (queue and queue[0] == b):
                 reason = f"next on {slot.node} once it is free"
+                hold = s.hold_on(slot.node)
+                if hold is not None:
+                    reason += f": {hold.what}"
             else:
                 reason = f"planned on {slot.node} after {prev}"
         return Waiting(reason, deps=unfinished, node=slot.node, est_start_s=slot.start_s)

@@ -87,7 +87,7 @@ class BakeResource(dg.ConfigurableResource):
         """Hold `node`'s builder for a bake this run must make there (a GPU test image); MAX_JOBS."""
         from rocm_assets.instance import authority
 
-        with authority.machine_for_test(context, node, self.node_poll_s) as jobs:
+        with authority.machine_for_test(context, node, self.fleet(), self.node_poll_s) as jobs:
             yield jobs
 
     # ---- the build ----
