@@ -27,7 +27,7 @@ from dagster._core.test_utils import instance_for_test
 
 from rocm_assets.cli.watch import render
 from rocm_assets.core.build.builds import Build
-from rocm_assets.core.build.invocation import HistoryRecord, builder_env
+from rocm_assets.core.build.invocation import HistoryRecord
 from rocm_assets.core.common.constants import ROCM_WAITING_FOR_TAG
 from rocm_assets.core.nodes.fleet import load_fleet
 from rocm_assets.core.nodes.foreign import ForeignBuild, foreign_builds
@@ -43,8 +43,8 @@ from rocm_assets_tests.servers.dockerd import (
     E2E_BUILDER,
     Builders,
     Dockerd,
+    hand_build,
     make_builders,
-    place_busybox,
 )
 
 NOW = 1_000_000.0
@@ -189,33 +189,14 @@ def test_watch_shows_the_foreign_build_holding_its_node(small_fleet) -> None:
 
 
 # ---- real: dockerd 26 + buildx, builds started by hand ----
-HOLD_DOCKERFILE = """FROM scratch
-COPY busybox /bin/busybox
-RUN --network=none ["/bin/busybox", "sleep", "{seconds}"]
-"""
-
-
 @pytest.fixture
 def hand_builds(builders: Builders, tmp_path: Path) -> Iterator[Callable[..., subprocess.Popen]]:
-    """Start `docker buildx build` by hand on a builder, as a sibling project or a person would:
-    a FROM-scratch image whose RUN sleeps, named by BUILDKIT_BUILD_NAME when `name` is given."""
-    context = tmp_path / "foreign"
-    context.mkdir()
-    place_busybox(context)
+    """Builds started by hand on a builder (`hand_build`), killed when the test ends."""
     started: list[subprocess.Popen] = []
 
     def start(builder: str, seconds: int, name: str | None = None) -> subprocess.Popen:
-        dockerfile = context / f"Dockerfile.hold{seconds}"
-        dockerfile.write_text(HOLD_DOCKERFILE.format(seconds=seconds))
-        named = ["--build-arg", f"BUILDKIT_BUILD_NAME={name}"] if name else []
-        proc = subprocess.Popen(
-            ["docker", "buildx", "build", "--builder", builder, "--no-cache", "--progress=plain",
-             *named, "-f", str(dockerfile), str(context)],
-            env=builder_env(builder, builders.env), stdout=subprocess.DEVNULL,
-            stderr=subprocess.PIPE,
-        )  # fmt: skip
-        started.append(proc)
-        return proc
+        started.append(hand_build(builders, builder, seconds, tmp_path / "foreign", name))
+        return started[-1]
 
     yield start
     for proc in started:
@@ -407,3 +388,33 @@ def test_an_unreadable_history_is_said_once_and_placed_on_as_before(
         r for r in caplog.records if "cannot read builder old's BuildKit history" in r.message
     ]
     assert len(warned) == 1, [r.message for r in warned]
+
+
+@pytest.mark.real
+def test_the_first_tick_of_a_request_waits_for_a_node_a_foreign_build_holds(
+    builders: Builders,
+    hand_builds: Callable[..., subprocess.Popen],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    _env_of(monkeypatch, builders)
+    fleet_file = write_fleet(
+        tmp_path / "fleet.yaml",
+        [{"name": "demo-big", "builder": E2E_BUILDER, "cores": 32, "mem_gb": 122, "link_mbps": 1000}],
+    )  # fmt: skip
+    hand_builds(E2E_BUILDER, 20, SIBLING)
+    wait_until(
+        lambda: any(r.status == "Running" for r in builders.history(E2E_BUILDER, SIBLING)),
+        "the sibling's build to run", 60.0, poll_s=0.2,
+    )  # fmt: skip
+    overrides = coordinator_config(fleet_file, foreign_check_seconds=2.0)
+    with instance_for_test(overrides=overrides) as instance:
+        run = submit(instance, "rocm-runtime", "gfx942")
+        # The daemon ticks only while runs are queued: its first tick has read no history yet.
+        iterate(instance)
+        tags = instance.get_run_by_id(run.run_id).tags
+        assert tags.get("rocm/node", "") == "", tags
+        assert (
+            f"demo-big is building {SIBLING} (not this farm's), running"
+            in tags[ROCM_WAITING_FOR_TAG]
+        )

@@ -10,6 +10,7 @@ A builder whose history cannot be read (buildx older than 0.20, a builder that d
 is said once in the daemon's log, and is placed on as before: only this farm's runs hold it.
 """
 
+import contextlib
 import logging
 import os
 import time
@@ -30,6 +31,8 @@ logger = logging.getLogger("rocm_assets.instance")
 # A read that takes longer is given up (the drain's bound): its builder keeps its last answer.
 READ_TIMEOUT_S = 20.0
 _READERS = 4
+# The most the first tick of a request waits for reads of builders it has not looked at lately.
+SETTLE_S = 5.0
 # Run ids remembered as this instance's or not; a farm's runs are never deleted mid-build.
 _KNOWN_IDS_MAX = 20_000
 
@@ -43,7 +46,8 @@ class _Builder:
     pending: "Future[list[HistoryRecord]] | None" = None
     asked_s: float = 0.0
     records: list[HistoryRecord] = field(default_factory=list)
-    answered_s: float | None = None
+    # When the last read ended, answered or not; None before the first.
+    ended_s: float | None = None
     unreadable: str | None = None
 
 
@@ -91,6 +95,25 @@ class ForeignWatch:
                 state.asked_s = now
                 state.pending = self._readers().submit(self._read, builder)
 
+    def settle(self, fleet: Fleet, bound_s: float = SETTLE_S) -> None:
+        """Wait, `bound_s` at most, for the reads of builders last read over two cadences ago
+        (or never): the daemon ticks only while runs are queued, so the first tick of a request
+        would otherwise place on what it has not looked at."""
+        if not self.enabled:
+            return
+        deadline = time.time() + bound_s
+        stale_s = 2 * self.every_s + 1.0
+        for node in fleet.nodes:
+            state = self._builders.get(node.builder)
+            if state is None or state.pending is None:
+                continue
+            if state.ended_s is not None and time.time() - state.ended_s <= stale_s:
+                continue
+            with contextlib.suppress(Exception):  # `_take` records why
+                state.pending.result(timeout=max(0.0, deadline - time.time()))
+            if state.pending.done():
+                self._take(node.builder, state, state.pending, time.time())
+
     def read_now(self, fleet: Fleet) -> None:
         """Read every builder's history and wait for the answers (a tick with no daemon)."""
         if not self.enabled:
@@ -100,10 +123,8 @@ class ForeignWatch:
         for builder, future in futures.items():
             state = self._builders.setdefault(builder, _Builder())
             state.asked_s, state.pending = now, future
-            try:
+            with contextlib.suppress(Exception):  # `_take` records why
                 future.result(timeout=READ_TIMEOUT_S + 5.0)
-            except Exception:
-                pass  # `_take` records why
             self._take(builder, state, future, time.time())
 
     def read_node(self, node: Node, fleet: Fleet, cost: CostModel) -> list[ForeignBuild]:
@@ -160,7 +181,7 @@ class ForeignWatch:
     def _take(
         self, builder: str, state: _Builder, future: "Future[list[HistoryRecord]]", now: float
     ) -> None:
-        state.pending = None
+        state.pending, state.ended_s = None, now
         try:
             records = future.result(timeout=0)
         except HistoryUnavailable as exc:
@@ -171,7 +192,7 @@ class ForeignWatch:
             return
         if state.unreadable:
             logger.info("placement: builder %s's BuildKit history can be read again", builder)
-        state.records, state.answered_s, state.unreadable = records, now, None
+        state.records, state.unreadable = records, None
 
     def _cannot_read(self, builder: str, state: _Builder, why: str) -> None:
         why = bounded(why, 300)

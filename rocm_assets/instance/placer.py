@@ -160,6 +160,8 @@ class Placer:
             self._drain.sweep(now)
         reader = FarmReader(self._instance, graph, fleet, self.settings.lease_seconds, now)
         reading = reader.read(self._drain.draining(), in_process_only)
+        if reading.waiting and not in_process_only:
+            self._foreign.settle(fleet)
         cost = self._cost(graph, fleet, now)
         # Builds that are not this farm's hold their nodes as the farm's own do.
         foreign = self._foreign.builds(fleet, cost, now)

@@ -376,6 +376,31 @@ def bake_push(
     assert done.returncode == 0, done.stdout[-3000:]
 
 
+# A build by hand that holds its builder `seconds`: offline, from scratch, with busybox.
+_HAND_DOCKERFILE = """FROM scratch
+COPY busybox /bin/busybox
+RUN --network=none ["/bin/busybox", "sleep", "{seconds}"]
+"""
+
+
+def hand_build(
+    builders: Builders, builder: str, seconds: int, context: Path, name: str | None = None
+) -> subprocess.Popen[bytes]:
+    """`docker buildx build` started by hand on `builder`, as a sibling project or a person
+    would, named by BUILDKIT_BUILD_NAME when `name` is given (else buildx derives its name from
+    the Dockerfile's path). `context` gets busybox and the Dockerfile."""
+    context.mkdir(parents=True, exist_ok=True)
+    place_busybox(context)
+    dockerfile = context / f"Dockerfile.hold{seconds}"
+    dockerfile.write_text(_HAND_DOCKERFILE.format(seconds=seconds))
+    named = ["--build-arg", f"BUILDKIT_BUILD_NAME={name}"] if name else []
+    return subprocess.Popen(
+        ["docker", "buildx", "build", "--builder", builder, "--no-cache", "--progress=plain",
+         *named, "-f", str(dockerfile), str(context)],
+        env=builder_env(builder, builders.env), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+    )  # fmt: skip
+
+
 @pytest.fixture(scope="session")
 def e2e_context() -> Path:
     """The e2e farm's directory, ready to build: its roots copy busybox from it."""
