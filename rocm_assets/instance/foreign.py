@@ -14,7 +14,7 @@ import contextlib
 import logging
 import os
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Iterable, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 
@@ -35,8 +35,6 @@ _READERS = 4
 SETTLE_S = 5.0
 # Run ids remembered as this instance's or not; a farm's runs are never deleted mid-build.
 _KNOWN_IDS_MAX = 20_000
-
-HistoryReader = Callable[..., list[HistoryRecord]]
 
 
 @dataclass
@@ -59,12 +57,10 @@ class ForeignWatch:
         instance: dg.DagsterInstance,
         every_s: float,
         default_s: float,
-        reader: HistoryReader = history,
     ) -> None:
         self._instance = instance
         self.every_s = every_s
         self.default_s = default_s
-        self._reader = reader
         self._builders: dict[str, _Builder] = {}
         self._pool: ThreadPoolExecutor | None = None
         self._ours: set[str] = set()
@@ -176,7 +172,7 @@ class ForeignWatch:
 
     def _read(self, builder: str) -> list[HistoryRecord]:
         # The daemon's environment reaches the builders, as the run workers' does.
-        return self._reader(builder, dict(os.environ), timeout_s=READ_TIMEOUT_S)
+        return history(builder, dict(os.environ), timeout_s=READ_TIMEOUT_S)
 
     def _take(
         self, builder: str, state: _Builder, future: "Future[list[HistoryRecord]]", now: float
